@@ -1,0 +1,51 @@
+"""Tokenizer stage: TEXT (BYTES [n, 1]) -> input_ids / attention_mask / token_type_ids (INT64 [n, L]).
+
+Each request is padded to its own longest text (or to a bucket length); the encoder batches the
+ragged results. Per-request parameter "truncate": NONE (default: reject over-length), END, START.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from pooltriton.backends.common import ModelArgs, error_response, input_array, request_parameters
+from pooltriton.semantics import Truncation
+from pooltriton.tokenization import InputError, TextTokenizer, decode_texts
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        model = ModelArgs(args)
+        self.tokenizer = TextTokenizer(
+            str(model.version_dir / model.parameter("tokenizer_file", "tokenizer.json")),
+            max_length=int(model.parameter("max_length")),
+            pad_token_id=model.parameter("pad_token_id"),
+        )
+        self.outputs: list[str] = model.parameter("outputs", ["input_ids", "attention_mask"])
+        self.buckets: list[int] | None = model.parameter("pad_to_buckets")
+
+    def execute(self, requests: list) -> list:
+        parsed: list[tuple[list[str], Truncation] | InputError] = []
+        for request in requests:
+            try:
+                texts = decode_texts(input_array(request, "TEXT"))
+                truncation = Truncation.parse(request_parameters(request).get("truncate"))
+                parsed.append((texts, truncation))
+            except (InputError, ValueError) as error:
+                parsed.append(InputError(str(error)))
+        good = [p for p in parsed if not isinstance(p, InputError)]
+        encoded = iter(self.tokenizer.encode_requests(good))
+        responses = []
+        for item in parsed:
+            result = item if isinstance(item, InputError) else next(encoded)
+            if isinstance(result, InputError):
+                responses.append(error_response(str(result)))
+                continue
+            encodings, _truncated = result
+            ids, mask, types, _lengths = self.tokenizer.pad(encodings, self.buckets)
+            arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+            responses.append(
+                pb_utils.InferenceResponse([pb_utils.Tensor(n, np.ascontiguousarray(arrays[n])) for n in self.outputs])
+            )
+        return responses

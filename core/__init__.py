@@ -1,0 +1,1 @@
+"""pooltriton: pooling models on Triton."""

@@ -1,0 +1,98 @@
+"""`pooltriton` command line: export, inspect, backends, serve."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pooltriton.semantics import PoolingType, Task
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="Hugging Face model folder (or hub id when online)")
+    parser.add_argument("--task", choices=[t.value for t in Task], help="default: from the architecture")
+    parser.add_argument("--pooling-type", choices=[p.value for p in PoolingType],
+                        help="default: sentence-transformers metadata, else the architecture's")
+    parser.add_argument("--use-activation", type=_bool, metavar="BOOL",
+                        help="normalise embeddings / activate logits (default: resolved)")
+    parser.add_argument("--max-length", type=int, help="token limit (default: resolved)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pooltriton", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    export = sub.add_parser("export", help="export a model into a Triton model repository")
+    _model_args(export)
+    export.add_argument("--name", required=True, help="public ensemble name (stages get suffixes)")
+    export.add_argument("--out", default="model_repository", help="model repository folder")
+    export.add_argument("--batching", choices=["ragged", "buckets"], default="ragged",
+                        help="ragged: encoder takes mixed lengths (Python shims); buckets: the tokenizer "
+                        "pads to fixed lengths so native backends can batch them")
+    export.add_argument("--encoder-threads", type=int, default=2, help="intra-op threads of the encoder")
+
+    inspect = sub.add_parser("inspect", help="print the resolved pooler configuration (config files only)")
+    _model_args(inspect)
+
+    backends = sub.add_parser("backends", help="assemble the Triton backend directory")
+    backends.add_argument("--out", default="build/backends")
+
+    serve = sub.add_parser("serve", help="run tritonserver in the foreground (Ctrl-C stops it)")
+    serve.add_argument("--repository", default="model_repository")
+    serve.add_argument("--backends", default="build/backends")
+    serve.add_argument("--http-port", type=int, default=8000)
+    serve.add_argument("--grpc-port", type=int, default=8001)
+    serve.add_argument("--metrics-port", type=int, default=8002)
+
+    args = parser.parse_args(argv)
+    if args.command == "export":
+        from pooltriton.export.build import ExportOptions, export_model
+
+        options = ExportOptions(
+            name=args.name, out=Path(args.out), task=args.task, pooling_type=args.pooling_type,
+            use_activation=args.use_activation, max_length=args.max_length, batching=args.batching,
+            encoder_threads=args.encoder_threads,
+        )
+        export_model(_local(args.model), options)
+    elif args.command == "inspect":
+        from pooltriton.resolve import resolve
+
+        config = resolve(_local(args.model), task=args.task, pooling_type=args.pooling_type,
+                         use_activation=args.use_activation, max_length=args.max_length)
+        print(json.dumps(config.to_json(), indent=2))
+    elif args.command == "backends":
+        from pooltriton.backends.assemble import assemble
+
+        print(assemble(Path(args.out)))
+    elif args.command == "serve":
+        from pooltriton.backends.assemble import assemble
+        from pooltriton.backends.server import TritonServer
+
+        server = TritonServer(Path(args.repository), assemble(Path(args.backends)),
+                              http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
+        return server.run_foreground()
+    return 0
+
+
+def _local(model: str) -> Path:
+    """A local folder as is; anything else is a hub id, fetched only where a network exists."""
+    path = Path(model)
+    if path.exists():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(model))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

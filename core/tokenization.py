@@ -1,0 +1,142 @@
+"""Text -> token ids with the model's own `tokenizer.json`, and the length rules.
+
+Shared by the tokenizer backend, the export verification and the tests, so "what the server
+tokenises" is defined once. The tokenizer file's built-in padding/truncation are switched off:
+lengths come from the resolved model configuration (MiniLM's tokenizer.json says 128, the model
+is used at 256).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tokenizers import Encoding, Tokenizer
+
+from pooltriton.semantics import Truncation
+
+
+class InputError(ValueError):
+    """A request the model cannot take; the message is meant for the client."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Right-padded arrays for one request: [n, L] each."""
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    token_type_ids: np.ndarray
+    lengths: np.ndarray  # real tokens per text
+    truncated: int  # how many texts were cut
+
+
+class TextTokenizer:
+    def __init__(self, tokenizer_file: str, max_length: int, pad_token_id: int | None = None) -> None:
+        self.max_length = max_length
+        self._plain = Tokenizer.from_file(tokenizer_file)
+        self._plain.no_padding()
+        self._plain.no_truncation()
+        # Separate instances with truncation preset: no per-call mutation of shared state.
+        self._cut = {side: self._with_truncation(tokenizer_file, side) for side in (Truncation.END, Truncation.START)}
+        padding = Tokenizer.from_file(tokenizer_file).padding
+        self.pad_token_id = pad_token_id if pad_token_id is not None else (padding or {}).get("pad_id", 0)
+
+    def _with_truncation(self, tokenizer_file: str, side: Truncation) -> Tokenizer:
+        tokenizer = Tokenizer.from_file(tokenizer_file)
+        tokenizer.no_padding()
+        direction = "right" if side is Truncation.END else "left"
+        tokenizer.enable_truncation(self.max_length, direction=direction)
+        return tokenizer
+
+    def encode(self, texts: list[str], truncation: Truncation = Truncation.NONE) -> tuple[list[Encoding], int]:
+        """Encode one request's texts; over-length texts raise InputError unless truncation is asked."""
+        result = self.encode_requests([(texts, truncation)])[0]
+        if isinstance(result, InputError):
+            raise result
+        return result
+
+    def encode_requests(
+        self, requests: list[tuple[list[str], Truncation]]
+    ) -> list[tuple[list[Encoding], int] | InputError]:
+        """Encode many requests with one `encode_batch` call (the Rust side runs it in parallel).
+
+        Each request gets its encodings and its truncation count, or the InputError that rejects it
+        alone: one bad request in a dynamic batch does not fail the others.
+        """
+        checked: list[InputError | None] = [_check_texts(texts) for texts, _ in requests]
+        flat = [text for (texts, _), error in zip(requests, checked) if error is None for text in texts]
+        encodings = self._plain.encode_batch(flat) if flat else []
+        results: list[tuple[list[Encoding], int] | InputError] = []
+        start = 0
+        for (texts, truncation), error in zip(requests, checked):
+            if error is not None:
+                results.append(error)
+                continue
+            own = encodings[start : start + len(texts)]
+            start += len(texts)
+            results.append(self._limit(texts, own, truncation))
+        return results
+
+    def _limit(
+        self, texts: list[str], encodings: list[Encoding], truncation: Truncation
+    ) -> tuple[list[Encoding], int] | InputError:
+        too_long = [i for i, e in enumerate(encodings) if len(e.ids) > self.max_length]
+        if not too_long:
+            return encodings, 0
+        if truncation is Truncation.NONE:
+            first = too_long[0]
+            return InputError(
+                f"text {first} has {len(encodings[first].ids)} tokens, more than this model's limit of "
+                f"{self.max_length} tokens ({len(too_long)} text(s) too long); shorten it or pass the "
+                'request parameter "truncate": "END" (or "START") to truncate'
+            )
+        cut = self._cut[truncation].encode_batch([texts[i] for i in too_long])
+        for index, encoding in zip(too_long, cut):
+            encodings[index] = encoding
+        return encodings, len(too_long)
+
+    def pad(
+        self, encodings: list[Encoding], buckets: list[int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Right-pad to the longest text, or up to the next bucket length when buckets are given."""
+        lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+        width = int(lengths.max())
+        if buckets:
+            width = next((b for b in buckets if b >= width), width)
+        ids = np.full((len(encodings), width), self.pad_token_id, dtype=np.int64)
+        mask = np.zeros((len(encodings), width), dtype=np.int64)
+        types = np.zeros((len(encodings), width), dtype=np.int64)
+        for row, encoding in enumerate(encodings):
+            n = lengths[row]
+            ids[row, :n] = encoding.ids
+            mask[row, :n] = 1
+            types[row, :n] = encoding.type_ids
+        return ids, mask, types, lengths
+
+    def __call__(self, texts: list[str], truncation: Truncation = Truncation.NONE) -> Batch:
+        encodings, truncated = self.encode(texts, truncation)
+        ids, mask, types, lengths = self.pad(encodings)
+        return Batch(ids, mask, types, lengths, truncated)
+
+
+def _check_texts(texts: list[str]) -> InputError | None:
+    if not texts:
+        return InputError("empty batch: send at least one text")
+    for index, text in enumerate(texts):
+        if not text:
+            return InputError(f"text {index} is empty: every input needs at least one character")
+    return None
+
+
+def decode_texts(raw: np.ndarray) -> list[str]:
+    """Triton BYTES tensor [n, 1] (or [n]) -> str; non-UTF-8 input is a client error, not a crash."""
+    texts = []
+    for index, item in enumerate(raw.reshape(-1)):
+        if isinstance(item, bytes):
+            try:
+                item = item.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise InputError(f"text {index} is not valid UTF-8 ({error.reason} at byte {error.start})") from None
+        texts.append(str(item))
+    return texts
