@@ -92,7 +92,8 @@ def run_ragged(
                 shape = (count, widths[index], *rows[0][name].shape[1:])
                 out = np.zeros(shape, dtype=rows[0][name].dtype)
                 for r, values in enumerate(rows):
-                    out[r, : values.shape[0]] = values[: widths[index]]
+                    row = values[name][: widths[index]]
+                    out[r, : row.shape[0]] = row
                 merged[name] = out
             else:
                 merged[name] = np.stack([values[name] for values in rows])

@@ -20,6 +20,16 @@ from pathlib import Path
 from pooltriton.backends.assemble import triton_home
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGTERM the server if whoever started it dies (a killed test run leaves no orphans)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class TritonServer:
     def __init__(
         self,
@@ -73,9 +83,10 @@ class TritonServer:
         return env
 
     def start(self) -> TritonServer:
-        output = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115 - lives with the process
+        output = open(self.log_file, "ab") if self.log_file else None
         self.process = subprocess.Popen(self.command(), env=self.environment(), stdout=output,
-                                        stderr=subprocess.STDOUT if output else None)
+                                        stderr=subprocess.STDOUT if output else None,
+                                        preexec_fn=_die_with_parent)
         return self
 
     def ready(self) -> bool:

@@ -1,0 +1,5 @@
+"""Client library for pooltriton-served models."""
+
+from pooltriton.clients.triton import PoolingClient
+
+__all__ = ["PoolingClient"]

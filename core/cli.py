@@ -44,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     inspect = sub.add_parser("inspect", help="print the resolved pooler configuration (config files only)")
     _model_args(inspect)
 
+    defaults = sub.add_parser("defaults", help="export the default models (skips those up to date)")
+    defaults.add_argument("--out", default="model_repository")
+    defaults.add_argument("--force", action="store_true", help="re-export even when up to date")
+
     backends = sub.add_parser("backends", help="assemble the Triton backend directory")
     backends.add_argument("--out", default="build/backends")
 
@@ -70,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         config = resolve(_local(args.model), task=args.task, pooling_type=args.pooling_type,
                          use_activation=args.use_activation, max_length=args.max_length)
         print(json.dumps(config.to_json(), indent=2))
+    elif args.command == "defaults":
+        from pooltriton.defaults import build_defaults
+
+        build_defaults(Path(args.out), force=args.force)
     elif args.command == "backends":
         from pooltriton.backends.assemble import assemble
 

