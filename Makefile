@@ -30,7 +30,7 @@ serve: setup
 	$(PY) -m pooltriton.cli serve --repository $(REPOSITORY) --backends $(BACKENDS) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
-test: setup
+test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
