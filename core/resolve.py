@@ -112,12 +112,21 @@ def _read_json(path: Path) -> Any:
 
 
 def task_from_architecture(architecture: str) -> Task:
-    """vLLM's converter: the architecture name says which pooling task a model serves by default."""
+    """vLLM's converter: the architecture name says which pooling task a model serves by default.
+
+    `*For*Classification` / `*ClassificationModel` -> classify (token_classify for token heads);
+    everything else (`*Model`, `*EmbeddingModel`, `*ForTextEncoding`, `*RewardModel`, and decoder
+    LLMs such as `*ForCausalLM`) -> embed.
+    """
     if ("For" in architecture and architecture.endswith("Classification")) or architecture.endswith(
         "ClassificationModel"
     ):
         return Task.TOKEN_CLASSIFY if "TokenClassification" in architecture else Task.CLASSIFY
     return Task.EMBED
+
+
+def is_causal_lm(architecture: str) -> bool:
+    return architecture.endswith("ForCausalLM") or architecture.endswith("LMHeadModel")
 
 
 def st_pooling_type(pooling: dict[str, Any]) -> PoolingType | None:
@@ -161,20 +170,36 @@ def resolve(
     max_length: int | None = None,
     step_tag_id: int | None = None,
     returned_token_ids: tuple[int, ...] | None = None,
+    convert: str | None = None,
 ) -> PoolerConfig:
-    """Resolve every field independently; arguments that are not None are the explicit layer."""
+    """Resolve every field independently; arguments that are not None are the explicit layer.
+
+    `convert` ("embed" or "classify") overrides the task family the architecture name implies.
+    """
     files = ModelFiles.read(model_dir)
     sources: dict[str, str] = {}
     architecture = files.architecture
     model_type = files.hf.get("model_type", "")
 
     arch_task = task_from_architecture(architecture)
+    if convert is not None:
+        if convert not in ("embed", "classify"):
+            raise ResolutionError(f"convert must be 'embed' or 'classify', not {convert!r}")
+        arch_task = Task(convert)
+        sources["convert"] = EXPLICIT
     if task is not None:
         resolved_task = Task(task)
-        _check_task_supported(arch_task, resolved_task, architecture)
+        reward_lm = (resolved_task is Task.TOKEN_CLASSIFY and is_causal_lm(architecture)
+                     and bool(returned_token_ids) and pooling_type == PoolingType.STEP)
+        if not reward_lm:
+            _check_task_supported(arch_task, resolved_task, architecture)
         sources["task"] = EXPLICIT
     else:
         resolved_task, sources["task"] = arch_task, ARCHITECTURE
+    if resolved_task is Task.CLASSIFY and arch_task is Task.TOKEN_CLASSIFY:
+        raise ResolutionError(f"{architecture} classifies tokens; use task token_classify")
+    if resolved_task is Task.TOKEN_CLASSIFY and arch_task is Task.CLASSIFY:
+        raise ResolutionError(f"{architecture} classifies sequences; use task classify")
 
     # Pooling type.
     st_type = st_pooling_type(files.st_pooling) if files.st_pooling else None
@@ -197,7 +222,13 @@ def resolve(
         raise ResolutionError("STEP pooling needs returned_token_ids or step_tag_id")
 
     # Activation: embeddings normalise; classifiers follow problem_type > ST > label count.
-    num_labels, labels = _labels(files.hf) if not resolved_task.is_embedding else (None, None)
+    if resolved_task.is_embedding:
+        num_labels, labels = None, None
+    elif returned_token_ids and is_causal_lm(architecture):
+        num_labels = len(returned_token_ids)
+        labels = tuple(f"token_{i}" for i in returned_token_ids)
+    else:
+        num_labels, labels = _labels(files.hf)
     if resolved_task.is_embedding:
         activation = Activation.NORMALIZE
         if use_activation is not None:
@@ -236,7 +267,8 @@ def _check_task_supported(arch_task: Task, task: Task, architecture: str) -> Non
     classifier = arch_task in (Task.CLASSIFY, Task.TOKEN_CLASSIFY)
     if task.is_embedding and classifier:
         raise ResolutionError(
-            f"{architecture} is a classification model; it serves classify/token_classify, not {task.value}"
+            f"{architecture} is a classification model; it serves classify/token_classify, not {task.value} "
+            "(pass --convert embed to serve its encoder's hidden states)"
         )
     if not task.is_embedding and not classifier:
         raise ResolutionError(

@@ -49,37 +49,46 @@ class TextTokenizer:
         tokenizer.enable_truncation(self.max_length, direction=direction)
         return tokenizer
 
-    def encode(self, texts: list[str], truncation: Truncation = Truncation.NONE) -> tuple[list[Encoding], int]:
-        """Encode one request's texts; over-length texts raise InputError unless truncation is asked."""
-        result = self.encode_requests([(texts, truncation)])[0]
+    def encode(
+        self, texts: list[str], truncation: Truncation = Truncation.NONE, pairs: list[str] | None = None
+    ) -> tuple[list[Encoding], int]:
+        """Encode one request's texts (or text pairs); over-length input raises InputError unless
+        truncation is asked."""
+        result = self.encode_requests([(texts, pairs, truncation)])[0]
         if isinstance(result, InputError):
             raise result
         return result
 
     def encode_requests(
-        self, requests: list[tuple[list[str], Truncation]]
+        self, requests: list[tuple[list[str], list[str] | None, Truncation]]
     ) -> list[tuple[list[Encoding], int] | InputError]:
-        """Encode many requests with one `encode_batch` call (the Rust side runs it in parallel).
+        """Encode many requests with one `encode_batch` call per kind (single texts, pairs); the Rust
+        side runs each call in parallel.
 
         Each request gets its encodings and its truncation count, or the InputError that rejects it
         alone: one bad request in a dynamic batch does not fail the others.
         """
-        checked: list[InputError | None] = [_check_texts(texts) for texts, _ in requests]
-        flat = [text for (texts, _), error in zip(requests, checked) if error is None for text in texts]
-        encodings = self._plain.encode_batch(flat) if flat else []
+        checked = [_check_texts(texts, pairs) for texts, pairs, _ in requests]
+        singles = [t for (texts, pairs, _), e in zip(requests, checked) if e is None and pairs is None for t in texts]
+        doubles = [
+            pair for (texts, pairs, _), e in zip(requests, checked) if e is None and pairs is not None
+            for pair in zip(texts, pairs)
+        ]
+        encoded = {False: iter(self._plain.encode_batch(singles) if singles else []),
+                   True: iter(self._plain.encode_batch(doubles) if doubles else [])}
         results: list[tuple[list[Encoding], int] | InputError] = []
-        start = 0
-        for (texts, truncation), error in zip(requests, checked):
+        for (texts, pairs, truncation), error in zip(requests, checked):
             if error is not None:
                 results.append(error)
                 continue
-            own = encodings[start : start + len(texts)]
-            start += len(texts)
-            results.append(self._limit(texts, own, truncation))
+            source = encoded[pairs is not None]
+            own = [next(source) for _ in texts]
+            inputs = texts if pairs is None else list(zip(texts, pairs))
+            results.append(self._limit(inputs, own, truncation))
         return results
 
     def _limit(
-        self, texts: list[str], encodings: list[Encoding], truncation: Truncation
+        self, inputs: list, encodings: list[Encoding], truncation: Truncation
     ) -> tuple[list[Encoding], int] | InputError:
         too_long = [i for i, e in enumerate(encodings) if len(e.ids) > self.max_length]
         if not too_long:
@@ -91,7 +100,7 @@ class TextTokenizer:
                 f"{self.max_length} tokens ({len(too_long)} text(s) too long); shorten it or pass the "
                 'request parameter "truncate": "END" (or "START") to truncate'
             )
-        cut = self._cut[truncation].encode_batch([texts[i] for i in too_long])
+        cut = self._cut[truncation].encode_batch([inputs[i] for i in too_long])
         for index, encoding in zip(too_long, cut):
             encodings[index] = encoding
         return encodings, len(too_long)
@@ -114,18 +123,23 @@ class TextTokenizer:
             types[row, :n] = encoding.type_ids
         return ids, mask, types, lengths
 
-    def __call__(self, texts: list[str], truncation: Truncation = Truncation.NONE) -> Batch:
-        encodings, truncated = self.encode(texts, truncation)
+    def __call__(
+        self, texts: list[str], truncation: Truncation = Truncation.NONE, pairs: list[str] | None = None
+    ) -> Batch:
+        encodings, truncated = self.encode(texts, truncation, pairs)
         ids, mask, types, lengths = self.pad(encodings)
         return Batch(ids, mask, types, lengths, truncated)
 
 
-def _check_texts(texts: list[str]) -> InputError | None:
+def _check_texts(texts: list[str], pairs: list[str] | None = None) -> InputError | None:
     if not texts:
         return InputError("empty batch: send at least one text")
-    for index, text in enumerate(texts):
-        if not text:
-            return InputError(f"text {index} is empty: every input needs at least one character")
+    if pairs is not None and len(pairs) != len(texts):
+        return InputError(f"TEXT_PAIR has {len(pairs)} texts but TEXT has {len(texts)}: they pair up one to one")
+    for name, items in (("text", texts), ("text pair", pairs or [])):
+        for index, text in enumerate(items):
+            if not text:
+                return InputError(f"{name} {index} is empty: every input needs at least one character")
     return None
 
 

@@ -2,10 +2,14 @@
 
 Layout (it mirrors the data flow, like a sentence-transformers folder mirrors its modules):
 
-    <out>/<name>/              ensemble: TEXT -> EMBEDDING; pooler_config.json = the resolved config
+    <out>/<name>/              ensemble: TEXT (+ optional TEXT_PAIR) -> the task's output;
+                               pooler_config.json = the resolved configuration
     <out>/<name>_tokenizer/    backend "tokenizer"; 1/tokenizer.json
-    <out>/<name>_encoder/      backend "onnxruntime"; 1/model.onnx (pooling inside); verification.json
-    <out>/<name>_pooler/       backend "pooler" (activation: normalize / softmax / sigmoid)
+    <out>/<name>_encoder/      backend "onnxruntime" (1/model.onnx) or "pytorch" (1/model.pt), pooling
+                               (and head) inside; verification.json = measured error vs PyTorch
+    <out>/<name>_pooler/       backend "pooler": activation, and real-token selection for token tasks
+    <out>/<name>_score/        backend "scorer" (only for models that can score): bi-encoder cosine,
+                               late-interaction MaxSim or cross-encoder, over QUERY / DOCUMENTS
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pooltriton.repository import DynamicBatching, EnsembleStep, ModelConfig, Tensor
-from pooltriton.resolve import PoolerConfig, resolve
-from pooltriton.semantics import Task
+from pooltriton.resolve import PoolerConfig, ResolutionError, resolve
+from pooltriton.semantics import PoolingType, Task
 
 MAX_BATCH_SIZE = 128
 # Used when batching="buckets": the tokenizer pads to these lengths so that equal shapes meet in
@@ -27,6 +31,8 @@ MAX_BATCH_SIZE = 128
 BUCKETS = (16, 32, 64, 128, 256, 512)
 OUTPUT_NAMES = {Task.EMBED: "EMBEDDING", Task.CLASSIFY: "PROBABILITIES",
                 Task.TOKEN_EMBED: "TOKEN_EMBEDDINGS", Task.TOKEN_CLASSIFY: "TOKEN_PROBABILITIES"}
+TOKEN_COUNTS = "TOKEN_COUNTS"
+RUNTIMES = {"onnx": ("onnxruntime", "model.onnx"), "torchscript": ("pytorch", "model.pt")}
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,10 @@ class ExportOptions:
     pooling_type: str | None = None
     use_activation: bool | None = None
     max_length: int | None = None
+    step_tag_id: int | None = None
+    returned_token_ids: tuple[int, ...] | None = None
+    convert: str | None = None
+    runtime: str = "onnx"  # or "torchscript"
     batching: str = "ragged"  # or "buckets"
     encoder_threads: int = 2
 
@@ -51,42 +61,50 @@ class Progress:
         print(f"[{self.step}/{self.total} {elapsed:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
+def resolve_options(model_dir: Path, options: ExportOptions) -> PoolerConfig:
+    return resolve(
+        model_dir, task=options.task, pooling_type=options.pooling_type, use_activation=options.use_activation,
+        max_length=options.max_length, step_tag_id=options.step_tag_id,
+        returned_token_ids=options.returned_token_ids, convert=options.convert,
+    )
+
+
 def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     # Heavy imports here, so `pooltriton inspect` and `--help` stay fast.
-    from pooltriton.export.encoder import ENCODER_OUTPUT, export_onnx, load_encoder
-    from pooltriton.export.verify import onnx_runner, verify
+    from pooltriton.export.encoder import ENCODER_OUTPUT, load_encoder, output_width
+    from pooltriton.export.verify import exporter, verify
     from pooltriton.tokenization import TextTokenizer
 
+    if options.runtime not in RUNTIMES:
+        raise ResolutionError(f"runtime must be one of {sorted(RUNTIMES)}, not {options.runtime!r}")
     model_dir = Path(model_dir)
+    tokenizer_file = model_dir / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise ResolutionError(f"{model_dir} has no tokenizer.json (a fast tokenizer is required)")
     progress = Progress(5)
     progress(f"resolving pooler configuration of {model_dir}")
-    config = resolve(
-        model_dir,
-        task=options.task,
-        pooling_type=options.pooling_type,
-        use_activation=options.use_activation,
-        max_length=options.max_length,
-    )
+    config = resolve_options(model_dir, options)
     progress(f"loading {config.architecture} ({config.task.value}, {config.pooling_type.value} pooling)")
     encoder = load_encoder(model_dir, config)
-    hidden = encoder.model.config.hidden_size
+    width = output_width(encoder, config)
 
     out = Path(options.out)
     names = stage_names(options.name)
     for stage in names.values():
         shutil.rmtree(out / stage, ignore_errors=True)
+    backend, filename = RUNTIMES[options.runtime]
     encoder_dir = out / names["encoder"]
-    onnx_path = encoder_dir / "1" / "model.onnx"
-    progress(f"exporting ONNX encoder to {onnx_path}")
-    export_onnx(encoder, onnx_path, config.max_length)
+    artefact = encoder_dir / "1" / filename
+    progress(f"exporting {options.runtime} encoder to {artefact}")
+    export, run_exported = exporter(options.runtime)
+    export(encoder, artefact, config.max_length)
 
-    progress("verifying the ONNX encoder against PyTorch")
-    tokenizer_file = model_dir / "tokenizer.json"
+    progress(f"verifying the {options.runtime} encoder against PyTorch")
     tokenizer = TextTokenizer(str(tokenizer_file), config.max_length)
-    report = verify(encoder, onnx_runner(onnx_path), tokenizer, config, runtime="onnxruntime")
+    report = verify(encoder, run_exported(artefact), tokenizer, config, runtime=backend)
 
     progress(f"writing model configurations under {out}")
-    for model in pipeline_configs(options, config, encoder.input_names, ENCODER_OUTPUT, hidden,
+    for model in pipeline_configs(options, config, encoder.input_names, ENCODER_OUTPUT, width,
                                   tokenizer.pad_token_id):
         model.write(out)
     shutil.copy(tokenizer_file, out / names["tokenizer"] / "1" / "tokenizer.json")
@@ -102,7 +120,18 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
 
 def stage_names(name: str) -> dict[str, str]:
     return {"ensemble": name, "tokenizer": f"{name}_tokenizer", "encoder": f"{name}_encoder",
-            "pooler": f"{name}_pooler"}
+            "pooler": f"{name}_pooler", "score": f"{name}_score"}
+
+
+def score_mode(config: PoolerConfig) -> str | None:
+    """Which scoring a model enables (vLLM: only 1-label classifiers are cross-encoders)."""
+    if config.task is Task.EMBED:
+        return "bi-encoder"
+    if config.task is Task.TOKEN_EMBED and config.pooling_type is PoolingType.ALL:
+        return "late-interaction"
+    if config.task is Task.CLASSIFY and config.num_labels == 1:
+        return "cross-encoder"
+    return None
 
 
 def pipeline_configs(
@@ -110,52 +139,79 @@ def pipeline_configs(
     config: PoolerConfig,
     encoder_inputs: tuple[str, ...],
     encoder_output: str,
-    hidden: int,
+    width: int,
     pad_token_id: int,
 ) -> list[ModelConfig]:
     names = stage_names(options.name)
     ragged = options.batching == "ragged"
-    token_tensors = [Tensor(n, "TYPE_INT64", (-1,), allow_ragged_batch=ragged) for n in encoder_inputs]
-    pooled = Tensor(encoder_output, "TYPE_FP32", (hidden,))
-    output = Tensor(OUTPUT_NAMES[config.task], "TYPE_FP32", (hidden,))
-    text = Tensor("TEXT", "TYPE_STRING", (1,))
+    per_token = config.task.per_token
+    backend, filename = RUNTIMES[options.runtime]
+    pooled = Tensor(encoder_output, "TYPE_FP32", (-1, width) if per_token else (width,))
+    output = Tensor(OUTPUT_NAMES[config.task], "TYPE_FP32", (width,))
+    public_outputs = [output] + ([Tensor(TOKEN_COUNTS, "TYPE_INT64", (1,))] if per_token else [])
+    text_inputs = [Tensor("TEXT", "TYPE_STRING", (1,)), Tensor("TEXT_PAIR", "TYPE_STRING", (1,), optional=True)]
+    # The pooler of a token task needs the mask (real tokens) and the ids (STEP tags).
+    pooler_extra = [n for n in ("attention_mask", "input_ids") if per_token]
     tokenizer_params = {
         "tokenizer_file": "tokenizer.json",
         "max_length": config.max_length,
         "pad_token_id": pad_token_id,
-        "outputs": list(encoder_inputs),
+        "outputs": list(dict.fromkeys([*encoder_inputs, *pooler_extra])),
     }
     if not ragged:
         tokenizer_params["pad_to_buckets"] = [b for b in BUCKETS if b < config.max_length] + [config.max_length]
+    token_outputs = tokenizer_params["outputs"]
     tokenizer = ModelConfig(
         name=names["tokenizer"], backend="tokenizer", max_batch_size=MAX_BATCH_SIZE,
-        inputs=[text], outputs=[Tensor(n, "TYPE_INT64", (-1,)) for n in encoder_inputs],
+        inputs=text_inputs, outputs=[Tensor(n, "TYPE_INT64", (-1,)) for n in token_outputs],
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=500),
         parameters=tokenizer_params,
     )
     encoder = ModelConfig(
-        name=names["encoder"], backend="onnxruntime", default_model_filename="model.onnx",
-        max_batch_size=MAX_BATCH_SIZE, inputs=token_tensors, outputs=[pooled],
+        name=names["encoder"], backend=backend, default_model_filename=filename,
+        max_batch_size=MAX_BATCH_SIZE,
+        inputs=[Tensor(n, "TYPE_INT64", (-1,), allow_ragged_batch=ragged) for n in encoder_inputs],
+        outputs=[pooled],
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=2000),
-        # Same key as the native onnxruntime backend, so the config means the same on both servers.
+        # Same key as the native backends', so the config means the same on both servers.
         parameters={"intra_op_thread_count": str(options.encoder_threads), "pad_token_id": pad_token_id},
     )
+    pooler_params = {"task": config.task.value, "activation": config.activation.value,
+                     "use_activation": config.use_activation}
+    if config.pooling_type is PoolingType.STEP and config.step_tag_id is not None:
+        pooler_params["step_tag_id"] = config.step_tag_id
     pooler = ModelConfig(
         name=names["pooler"], backend="pooler", max_batch_size=MAX_BATCH_SIZE,
-        inputs=[pooled], outputs=[output],
+        inputs=[pooled] + [Tensor(n, "TYPE_INT64", (-1,)) for n in pooler_extra],
+        outputs=public_outputs,
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0),
-        parameters={"activation": config.activation.value, "use_activation": config.use_activation},
+        parameters=pooler_params,
     )
+    ensemble_params = {"task": config.task.value}
+    if config.labels:
+        ensemble_params["labels"] = list(config.labels)
     ensemble = ModelConfig(
         name=names["ensemble"], platform="ensemble", max_batch_size=MAX_BATCH_SIZE,
-        inputs=[text], outputs=[output],
+        inputs=text_inputs, outputs=public_outputs, parameters=ensemble_params,
         ensemble_steps=[
-            EnsembleStep(names["tokenizer"], {"TEXT": "TEXT"}, {n: n for n in encoder_inputs}),
+            EnsembleStep(names["tokenizer"], {"TEXT": "TEXT", "TEXT_PAIR": "TEXT_PAIR"},
+                         {n: n for n in token_outputs}),
             EnsembleStep(names["encoder"], {n: n for n in encoder_inputs}, {encoder_output: encoder_output}),
-            EnsembleStep(names["pooler"], {encoder_output: encoder_output}, {output.name: output.name}),
+            EnsembleStep(names["pooler"], {n: n for n in (encoder_output, *pooler_extra)},
+                         {t.name: t.name for t in public_outputs}),
         ],
     )
-    return [tokenizer, encoder, pooler, ensemble]
+    models = [tokenizer, encoder, pooler, ensemble]
+    mode = score_mode(config)
+    if mode is not None:
+        models.append(ModelConfig(
+            name=names["score"], backend="scorer", max_batch_size=0,
+            inputs=[Tensor("QUERY", "TYPE_STRING", (-1,)), Tensor("DOCUMENTS", "TYPE_STRING", (-1,))],
+            outputs=[Tensor("SCORES", "TYPE_FP32", (-1,))],
+            instance_count=2,  # scoring waits on the ensemble it calls; two let requests overlap
+            parameters={"mode": mode, "model": names["ensemble"], "output": output.name},
+        ))
+    return models
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -1,4 +1,9 @@
-"""The torch encoder with pooling baked in, and its ONNX export."""
+"""The torch encoder with the task's pooling (and head) baked in, and its ONNX / TorchScript export.
+
+One module serves every task: backbone -> pooling -> head. The attention mask is built here as a
+4-D additive mask (and decoders get position ids from the mask), so the traced graph has no
+shape-specialised mask code from transformers, and left- and right-padded rows give the same answers.
+"""
 
 from __future__ import annotations
 
@@ -8,35 +13,111 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModel
+from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
 from pooltriton.export.pooling import get_pooler
-from pooltriton.resolve import PoolerConfig
+from pooltriton.resolve import PoolerConfig, ResolutionError
+from pooltriton.semantics import PoolingType, Task
 
 ENCODER_OUTPUT = "pooled"
+# Encoder-style classifiers pool inside their own head (BERT: CLS + dense + tanh): run them whole.
+_SELF_POOLING_HEADS = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta", "deberta-v2")
 
 
-class PooledEncoder(nn.Module):
-    """Transformer -> last hidden state -> pooling. Its output is what the pooler backend activates."""
-
-    def __init__(self, model: nn.Module, config: PoolerConfig, input_names: tuple[str, ...]) -> None:
+class PoolingEncoder(nn.Module):
+    def __init__(self, network: nn.Module, config: PoolerConfig, input_names: tuple[str, ...], causal: bool,
+                 head: nn.Module | None, returns_logits: bool, hf_config: object) -> None:
         super().__init__()
-        self.model = model
-        self.pool = get_pooler(config.pooling_type)
+        self.network = network
+        self.pool = get_pooler(config.pooling_type) if not returns_logits or config.task.per_token else None
+        self.head = head
         self.input_names = input_names
+        self.causal = causal
+        self.returns_logits = returns_logits
+        self.config = hf_config
 
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        kwargs = dict(zip(self.input_names, inputs))
-        hidden = self.model(**kwargs).last_hidden_state
-        return self.pool(hidden, kwargs["attention_mask"])
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        keep = attention_mask[:, None, None, :].to(torch.bool)
+        if self.causal:
+            length = input_ids.shape[1]
+            causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()
+            keep = keep & causal[None, None]
+        additive = torch.zeros(keep.shape, dtype=torch.float32, device=input_ids.device)
+        additive = additive.masked_fill(~keep, torch.finfo(torch.float32).min)
+        kwargs: dict[str, torch.Tensor | bool] = {"input_ids": input_ids, "attention_mask": additive}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        if self.causal:
+            # Positions count real tokens only, so left padding does not shift them.
+            kwargs["position_ids"] = (attention_mask.cumsum(1) - 1).clamp(min=0)
+            kwargs["use_cache"] = False
+        output = self.network(**kwargs)
+        if self.returns_logits:
+            return output.logits
+        states = output.last_hidden_state
+        pooled = self.pool(states, attention_mask) if self.pool is not None else states
+        return self.head(pooled) if self.head is not None else pooled
 
 
-def load_encoder(model_dir: str | Path, config: PoolerConfig) -> PooledEncoder:
+def load_encoder(model_dir: str | Path, config: PoolerConfig) -> PoolingEncoder:
     hf_config = AutoConfig.from_pretrained(model_dir)
-    # Eager attention exports to plain ONNX ops; sdpa paths trace data-dependent branches.
+    # Eager attention: plain ops that both exporters handle; the mask is ours (see forward).
     hf_config._attn_implementation = "eager"
-    model = AutoModel.from_pretrained(model_dir, config=hf_config).eval()
-    return PooledEncoder(model, config, encoder_input_names(model, hf_config))
+    causal = bool(getattr(hf_config, "is_decoder", False)) or _is_decoder_family(hf_config)
+    head: nn.Module | None = None
+    returns_logits = False
+    if config.task.is_embedding and config.pooling_type is not PoolingType.STEP:
+        network = AutoModel.from_pretrained(model_dir, config=hf_config)
+        network = getattr(network, "base_model", network)
+    elif config.task is Task.CLASSIFY:
+        full = AutoModelForSequenceClassification.from_pretrained(model_dir, config=hf_config)
+        if hf_config.model_type in _SELF_POOLING_HEADS:
+            if config.sources.get("pooling_type") == "explicit" and config.pooling_type is not PoolingType.CLS:
+                raise ResolutionError(f"{config.architecture} pools inside its classification head (CLS); "
+                                      f"{config.pooling_type.value} pooling cannot be applied")
+            network, returns_logits = full, True
+        else:
+            head = _score_head(full)
+            network = full.base_model
+    elif config.pooling_type is PoolingType.STEP and config.returned_token_ids:
+        # Process reward models read the LM head's logits of a few vocabulary ids at step tags.
+        from transformers import AutoModelForCausalLM
+
+        full = AutoModelForCausalLM.from_pretrained(model_dir, config=hf_config)
+        lm_head = full.get_output_embeddings()
+        head = nn.Linear(lm_head.in_features, len(config.returned_token_ids), bias=lm_head.bias is not None)
+        with torch.no_grad():
+            head.weight.copy_(lm_head.weight[list(config.returned_token_ids)])
+            if lm_head.bias is not None:
+                head.bias.copy_(lm_head.bias[list(config.returned_token_ids)])
+        network = full.base_model
+    elif config.task is Task.TOKEN_CLASSIFY:
+        network = AutoModelForTokenClassification.from_pretrained(model_dir, config=hf_config)
+        returns_logits = True
+    else:  # token_embed with STEP pooling and only a step tag: hidden states at the tags
+        network = AutoModel.from_pretrained(model_dir, config=hf_config)
+        network = getattr(network, "base_model", network)
+    network.eval()
+    encoder = PoolingEncoder(network, config, encoder_input_names(network, hf_config), causal, head,
+                             returns_logits, hf_config)
+    return encoder.eval()
+
+
+def _is_decoder_family(hf_config: object) -> bool:
+    architectures = getattr(hf_config, "architectures", None) or []
+    if any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in architectures):
+        return True
+    return getattr(hf_config, "model_type", "") in {"gpt2", "qwen2", "qwen3", "llama", "mistral", "gemma",
+                                                    "gemma2", "phi3", "gpt_neox", "opt"}
+
+
+def _score_head(model: nn.Module) -> nn.Module:
+    for name in ("score", "classifier"):
+        head = getattr(model, name, None)
+        if isinstance(head, nn.Linear):
+            return head
+    raise ResolutionError(f"{type(model).__name__} has no linear score/classifier head to apply after pooling")
 
 
 def encoder_input_names(model: nn.Module, hf_config: object) -> tuple[str, ...]:
@@ -48,18 +129,26 @@ def encoder_input_names(model: nn.Module, hf_config: object) -> tuple[str, ...]:
     return tuple(names)
 
 
-def sample_inputs(encoder: PooledEncoder, batch: int = 2, length: int = 8) -> tuple[torch.Tensor, ...]:
-    ids = torch.full((batch, length), 100, dtype=torch.int64)
+def output_width(encoder: PoolingEncoder, config: PoolerConfig) -> int:
+    if encoder.head is not None:
+        return encoder.head.out_features
+    if encoder.returns_logits:
+        return int(encoder.config.num_labels)
+    return int(encoder.config.hidden_size)
+
+
+def sample_inputs(encoder: PoolingEncoder, batch: int = 2, length: int = 8) -> tuple[torch.Tensor, ...]:
+    ids = torch.full((batch, length), 5, dtype=torch.int64)
     mask = torch.ones_like(ids)
     mask[-1, length // 2 :] = 0
     by_name = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
     return tuple(by_name[name] for name in encoder.input_names)
 
 
-def export_onnx(encoder: PooledEncoder, path: Path, max_length: int) -> None:
+def export_onnx(encoder: PoolingEncoder, path: Path, max_length: int) -> None:
     """torch.export-based ONNX export with dynamic batch and sequence axes.
 
-    The legacy TorchScript exporter silently bakes transformers 5.x mask logic into constants
+    The legacy TorchScript-based ONNX exporter baked transformers 5.x mask logic into constants
     (errors of ~0.5 measured on MiniLM); the dynamo exporter is exact to ~1e-6.
     """
     batch = torch.export.Dim("batch", min=1, max=4096)
@@ -73,9 +162,18 @@ def export_onnx(encoder: PooledEncoder, path: Path, max_length: int) -> None:
             sample_inputs(encoder),
             input_names=list(encoder.input_names),
             output_names=[ENCODER_OUTPUT],
-            dynamic_shapes={"inputs": tuple(dynamic[n] for n in encoder.input_names)},
+            dynamic_shapes=dynamic,
             opset_version=18,
             dynamo=True,
             verbose=False,
         )
     program.save(str(path))
+
+
+def export_torchscript(encoder: PoolingEncoder, path: Path) -> None:
+    """torch.jit.trace: the mask is built from tensor ops in forward, so the trace is shape-generic."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(encoder, sample_inputs(encoder), check_trace=False, strict=False)
+    traced.save(str(path))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -11,8 +12,9 @@ import onnxruntime as ort
 import torch
 
 from pooltriton.activation import apply_activation
-from pooltriton.export.encoder import PooledEncoder
+from pooltriton.export.encoder import PoolingEncoder, export_onnx, export_torchscript
 from pooltriton.resolve import PoolerConfig
+from pooltriton.semantics import Truncation
 from pooltriton.tokenization import TextTokenizer
 
 # Max |Δ| on the activated output (unit vectors / probabilities), the contract the tests hold the
@@ -56,15 +58,13 @@ def verification_batches(max_length: int) -> list[list[str]]:
 
 
 def verify(
-    encoder: PooledEncoder,
-    run_exported,
+    encoder: PoolingEncoder,
+    run_exported: Callable[[dict[str, np.ndarray]], np.ndarray],
     tokenizer: TextTokenizer,
     config: PoolerConfig,
     runtime: str,
 ) -> Report:
-    """`run_exported(inputs: dict[str, np.ndarray]) -> np.ndarray` runs the exported artefact."""
-    from pooltriton.semantics import Truncation
-
+    """Run both on the same padded batches; token outputs are compared at real tokens only."""
     cases, worst_raw, worst_act, min_cos = [], 0.0, 0.0, 1.0
     for texts in verification_batches(config.max_length):
         batch = tokenizer(texts, Truncation.END)
@@ -74,15 +74,15 @@ def verify(
         with torch.no_grad():
             expected = encoder(*(torch.from_numpy(feeds[n]) for n in encoder.input_names)).numpy()
         got = run_exported(feeds)
+        if config.task.per_token:
+            real = batch.attention_mask.astype(bool)
+            expected, got = expected[real], got[real]
         raw = float(np.abs(expected - got).max())
         act_expected = apply_activation(expected, config.activation)
         act_got = apply_activation(got, config.activation)
         act = float(np.abs(act_expected - act_got).max())
-        flat_e = expected.reshape(expected.shape[0], -1)
-        flat_g = got.reshape(got.shape[0], -1)
-        cos = float(
-            np.min(np.sum(flat_e * flat_g, 1) / (np.linalg.norm(flat_e, axis=1) * np.linalg.norm(flat_g, axis=1)))
-        )
+        norms = np.linalg.norm(expected, axis=-1) * np.linalg.norm(got, axis=-1)
+        cos = float(np.min(np.sum(expected * got, axis=-1) / np.maximum(norms, 1e-30)))
         cases.append({"batch": len(texts), "max_tokens": int(batch.lengths.max()), "max_abs_error_raw": raw,
                       "max_abs_error_activated": act, "min_cosine": cos})
         worst_raw, worst_act, min_cos = max(worst_raw, raw), max(worst_act, act), min(min_cos, cos)
@@ -94,7 +94,23 @@ def verify(
     return report
 
 
-def onnx_runner(path: Path):
-    options = ort.SessionOptions()
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+def onnx_runner(path: Path) -> Callable[[dict[str, np.ndarray]], np.ndarray]:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return lambda feeds: session.run(None, feeds)[0]
+
+
+def torchscript_runner(path: Path) -> Callable[[dict[str, np.ndarray]], np.ndarray]:
+    module = torch.jit.load(str(path)).eval()
+
+    def run(feeds: dict[str, np.ndarray]) -> np.ndarray:
+        with torch.inference_mode():
+            return module(*(torch.from_numpy(v) for v in feeds.values())).numpy()
+
+    return run
+
+
+def exporter(runtime: str):
+    """(export(encoder, path, max_length), runner(path)) for "onnx" or "torchscript"."""
+    if runtime == "onnx":
+        return export_onnx, onnx_runner
+    return (lambda encoder, path, _max_length: export_torchscript(encoder, path)), torchscript_runner

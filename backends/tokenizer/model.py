@@ -1,4 +1,4 @@
-"""Tokenizer stage: TEXT (BYTES [n, 1]) -> input_ids / attention_mask / token_type_ids (INT64 [n, L]).
+"""Tokenizer stage: TEXT (BYTES [n, 1]), optional TEXT_PAIR -> input_ids / attention_mask / token_type_ids (INT64 [n, L]).
 
 Each request is padded to its own longest text (or to a bucket length); the encoder batches the
 ragged results. Per-request parameter "truncate": NONE (default: reject over-length), END, START.
@@ -26,12 +26,14 @@ class TritonPythonModel:
         self.buckets: list[int] | None = model.parameter("pad_to_buckets")
 
     def execute(self, requests: list) -> list:
-        parsed: list[tuple[list[str], Truncation] | InputError] = []
+        parsed: list[tuple[list[str], list[str] | None, Truncation] | InputError] = []
         for request in requests:
             try:
                 texts = decode_texts(input_array(request, "TEXT"))
+                pair_array = input_array(request, "TEXT_PAIR")
+                pairs = decode_texts(pair_array) if pair_array is not None else None
                 truncation = Truncation.parse(request_parameters(request).get("truncate"))
-                parsed.append((texts, truncation))
+                parsed.append((texts, pairs, truncation))
             except (InputError, ValueError) as error:
                 parsed.append(InputError(str(error)))
         good = [p for p in parsed if not isinstance(p, InputError)]
