@@ -9,24 +9,53 @@ import sys
 from pooltriton.clients.triton import PoolingClient
 
 
+def _texts(args: argparse.Namespace) -> list[str]:
+    return args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pooltriton-client", description=__doc__)
     parser.add_argument("--url", help="server address (default localhost:8000 http / localhost:8001 grpc)")
     parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
     sub = parser.add_subparsers(dest="command", required=True)
-    embed = sub.add_parser("embed", help="embed texts (arguments, or one per line on stdin)")
-    embed.add_argument("texts", nargs="*")
-    embed.add_argument("--model", default="minilm")
-    embed.add_argument("--truncate", choices=["NONE", "END", "START"])
-    embed.add_argument("--no-activation", action="store_true", help="return unnormalised vectors")
+    for name, help_text in (("embed", "embed texts"), ("classify", "class probabilities per text"),
+                            ("encode", "any task's raw output (token tasks: one list per text)")):
+        command = sub.add_parser(name, help=f"{help_text} (arguments, or one per line on stdin)")
+        command.add_argument("texts", nargs="*")
+        command.add_argument("--model", default="minilm")
+        command.add_argument("--truncate", choices=["NONE", "END", "START"])
+        command.add_argument("--no-activation", action="store_true", help="raw vectors / logits")
+    for name in ("score", "rerank"):
+        command = sub.add_parser(name, help=f"{name} documents against a query with <model>_score")
+        command.add_argument("query")
+        command.add_argument("documents", nargs="+")
+        command.add_argument("--model", default="minilm")
+        command.add_argument("--top-n", type=int, help="rerank: keep the best N")
     args = parser.parse_args(argv)
 
-    texts = args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     with PoolingClient(args.url, protocol=args.protocol, model=args.model) as client:
-        vectors = client.embed(texts, truncate=args.truncate,
-                               use_activation=False if args.no_activation else None)
-    json.dump({"model": args.model, "data": [{"index": i, "embedding": v.tolist()}
-                                              for i, v in enumerate(vectors)]}, sys.stdout)
+        if args.command in ("embed", "classify", "encode"):
+            options = {"truncate": args.truncate, "use_activation": False if args.no_activation else None}
+            texts = _texts(args)
+            if args.command == "embed":
+                vectors = client.embed(texts, **options)
+                output = {"data": [{"index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]}
+            elif args.command == "classify":
+                result = client.classify(texts, **options)
+                output = {"data": [{"index": i, "label": label, "probs": p.tolist()}
+                                   for i, ((label, _), p) in enumerate(zip(result.top(), result.probabilities))],
+                          "labels": list(result.labels)}
+            else:
+                values = client.encode(texts, **options)
+                output = {"data": [{"index": i, "data": v.tolist()} for i, v in enumerate(values)]}
+        elif args.command == "score":
+            scores = client.score(args.query, args.documents)
+            output = {"data": [{"index": i, "score": float(s)} for i, s in enumerate(scores)]}
+        else:
+            results = client.rerank(args.query, args.documents, top_n=args.top_n)
+            output = {"results": [{"index": r.index, "relevance_score": r.score, "document": r.document}
+                                  for r in results]}
+    json.dump({"model": args.model, **output}, sys.stdout)
     sys.stdout.write("\n")
     return 0
 

@@ -7,8 +7,6 @@ Shapes: 1:1, 1:N (one query, many documents), N:N (zipped). Request parameters p
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -29,7 +27,7 @@ class TritonPythonModel:
                    for name, texts in inputs.items()]
         outputs = [self.output] + (["TOKEN_COUNTS"] if self.mode == "late-interaction" else [])
         request = pb_utils.InferenceRequest(model_name=self.target, inputs=tensors,
-                                            requested_output_names=outputs, parameters=json.dumps(parameters))
+                                            requested_output_names=outputs, parameters=parameters)
         response = request.exec()
         if response.has_error():
             raise InputError(response.error().message())

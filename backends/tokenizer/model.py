@@ -1,4 +1,4 @@
-"""Tokenizer stage: TEXT (BYTES [n, 1]), optional TEXT_PAIR -> input_ids / attention_mask / token_type_ids (INT64 [n, L]).
+"""Tokenizer stage: TEXT (BYTES [n, 1]) and optional TEXT_PAIR -> input_ids, attention_mask, token_type_ids.
 
 Each request is padded to its own longest text (or to a bucket length); the encoder batches the
 ragged results. Per-request parameter "truncate": NONE (default: reject over-length), END, START.

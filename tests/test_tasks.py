@@ -1,0 +1,234 @@
+"""Every task, pooling type and architecture family, served through Triton, equals transformers /
+sentence-transformers on the same (tiny, seeded) weights, for both the ONNX and TorchScript encoders.
+
+References are computed here one text at a time (no padding at all), so they also check that the
+served path's batching, padding and real-token selection change nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tiny_models import build, token_id
+from transformers import (
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    PreTrainedTokenizerFast,
+)
+
+from pooltriton.activation import normalize, sigmoid, softmax
+from pooltriton.clients import PoolingClient
+from pooltriton.export.build import ExportOptions, export_model
+
+from conftest import start_server
+from corpus import varied_texts
+
+COSINE_MIN, MAX_ABS = 0.99999, 1e-5
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    family: str
+    head: str  # what the checkpoint is: embed (base model), classify, token_classify, causal
+    reference: str  # how to compute the expected answer
+    num_labels: int = 3
+    st_pooling: str | None = None
+    options: dict = field(default_factory=dict)
+
+
+CASES = [
+    Case("bert_cls", "bert", "embed", "CLS"),
+    Case("bert_mean", "bert", "embed", "sentence-transformers", st_pooling="mean_tokens"),
+    Case("xlmr_embed", "xlmr", "embed", "CLS"),
+    Case("distilbert_embed", "distilbert", "embed", "CLS"),
+    Case("gpt2_embed", "gpt2", "embed", "LAST"),
+    Case("qwen2_embed", "qwen2", "causal", "LAST"),  # a *ForCausalLM converted to embed
+    Case("llama_embed", "llama", "causal", "LAST"),
+    *[Case(f"{f}_classify", f, "classify", "classify") for f in ("bert", "xlmr", "distilbert", "gpt2", "qwen2", "llama")],
+    Case("bert_cross", "bert", "classify", "classify", num_labels=1),
+    *[Case(f"{f}_ner", f, "token_classify", "token_classify") for f in ("bert", "xlmr", "distilbert")],
+    Case("qwen2_tokens", "qwen2", "embed", "token_embed", options={"task": "token_embed"}),
+    Case("llama_reward", "llama", "causal", "reward", options={"task": "token_classify", "pooling_type": "STEP"}),
+]
+
+
+def texts_for(case: Case) -> list[str]:
+    texts = varied_texts(10, seed=11, max_words=18)
+    if case.reference == "reward":
+        texts = [f"{t} <step> two <step>" if i % 3 else f"one <step> {t}" for i, t in enumerate(texts)]
+    return texts
+
+
+def export_options(case: Case, folder: Path) -> dict:
+    options = dict(case.options)
+    if case.reference == "reward":
+        options.update(step_tag_id=token_id(folder, "<step>"),
+                       returned_token_ids=(token_id(folder, "<good>"), token_id(folder, "<bad>")))
+    return options
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tiny_models")
+    for case in CASES:
+        build(root, case.family, case.head, case.num_labels, sentence_transformers_pooling=case.st_pooling)
+    return root
+
+
+def folder_of(root: Path, case: Case) -> Path:
+    return build(root, case.family, case.head, case.num_labels, sentence_transformers_pooling=case.st_pooling)
+
+
+@pytest.fixture(scope="module", params=["onnx", "torchscript"])
+def served(request, tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
+    runtime = request.param
+    repository = tmp_path_factory.mktemp(f"repo_{runtime}")
+    for case in CASES:
+        folder = folder_of(tiny_root, case)
+        export_model(folder, ExportOptions(name=case.name, out=repository, runtime=runtime,
+                                           **export_options(case, folder)))
+    server = start_server(repository, repository / "server.log")
+    client = PoolingClient(server.grpc_url, protocol="grpc")
+    yield runtime, client
+    client.close()
+    assert server.stop() == 0
+
+
+def file_tokenizer(folder: Path) -> PreTrainedTokenizerFast:
+    """HF's wrapper around the model's own tokenizer.json, as the served tokenizer stage uses it.
+
+    (transformers 5's AutoTokenizer rebuilds Qwen2/Llama tokenizers from code for those model types,
+    which for these tiny word-level tokenizers gives different ids.)
+    """
+    return PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+
+
+def reference(case: Case, folder: Path, texts: list[str], pairs: list[str] | None = None) -> list[np.ndarray]:
+    """The answer per text from transformers (or sentence-transformers), batch of one, no padding."""
+    if case.reference == "sentence-transformers":
+        from sentence_transformers import SentenceTransformer
+
+        return list(SentenceTransformer(str(folder), device="cpu").encode(texts, normalize_embeddings=True))
+    tokenizer = file_tokenizer(folder)
+    loader = {"classify": AutoModelForSequenceClassification, "token_classify": AutoModelForTokenClassification,
+              "reward": AutoModelForCausalLM}.get(case.reference, AutoModel)
+    model = loader.from_pretrained(folder).eval()
+    model = getattr(model, "base_model", model) if loader is AutoModel else model
+    answers = []
+    for index, text in enumerate(texts):
+        encoded = tokenizer(text, pairs[index], return_tensors="pt") if pairs else tokenizer(text, return_tensors="pt")
+        with torch.no_grad():
+            output = model(**encoded)
+        if case.reference in ("CLS", "LAST", "token_embed"):
+            hidden = output.last_hidden_state[0].numpy()
+            vector = {"CLS": hidden[:1], "LAST": hidden[-1:], "token_embed": hidden}[case.reference]
+            answers.append(normalize(vector)[0] if case.reference != "token_embed" else normalize(vector))
+        elif case.reference == "classify":
+            logits = output.logits[0].numpy()
+            answers.append(sigmoid(logits) if case.num_labels == 1 else softmax(logits))
+        elif case.reference == "token_classify":
+            answers.append(softmax(output.logits[0].numpy()))
+        else:  # reward: LM-head logits of the good/bad ids at each step tag, softmaxed
+            ids = encoded["input_ids"][0].numpy()
+            columns = [token_id(folder, "<good>"), token_id(folder, "<bad>")]
+            logits = output.logits[0].numpy()[ids == token_id(folder, "<step>")][:, columns]
+            answers.append(softmax(logits))
+    return answers
+
+
+def assert_matches(case: Case, served: list[np.ndarray] | np.ndarray, expected: list[np.ndarray]) -> None:
+    assert len(served) == len(expected)
+    for index, (got, want) in enumerate(zip(served, expected)):
+        assert got.shape == want.shape, (case.name, index, got.shape, want.shape)
+        assert np.abs(got - want).max() <= MAX_ABS, (case.name, index, float(np.abs(got - want).max()))
+        if case.reference in ("CLS", "LAST", "sentence-transformers", "token_embed"):
+            rows_got, rows_want = got.reshape(-1, got.shape[-1]), want.reshape(-1, want.shape[-1])
+            cosine = np.sum(rows_got * rows_want, -1) / (
+                np.linalg.norm(rows_got, axis=-1) * np.linalg.norm(rows_want, axis=-1))
+            assert cosine.min() >= COSINE_MIN, (case.name, index, float(cosine.min()))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_served_equals_reference(served, tiny_root: Path, case: Case) -> None:
+    _runtime, client = served
+    folder = folder_of(tiny_root, case)
+    texts = texts_for(case)
+    expected = reference(case, folder, texts)
+    got = client.encode(texts, model=case.name)
+    assert_matches(case, got if isinstance(got, list) else list(got), expected)
+    # The answers are not trivially equal across texts (a test that cannot fail is a defect).
+    firsts = np.array([np.ravel(e)[:2] for e in expected])
+    assert np.ptp(firsts, axis=0).max() > 1e-3, "reference outputs barely vary: the comparison would be weak"
+
+
+def test_use_activation_false_returns_logits(served, tiny_root: Path) -> None:
+    _runtime, client = served
+    case = next(c for c in CASES if c.name == "qwen2_classify")
+    folder = folder_of(tiny_root, case)
+    tokenizer = file_tokenizer(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    texts = texts_for(case)[:4]
+    with torch.no_grad():
+        logits = np.stack([model(**tokenizer(t, return_tensors="pt")).logits[0].numpy() for t in texts])
+    raw = client.encode(texts, model=case.name, use_activation=False)
+    assert np.abs(raw - logits).max() <= MAX_ABS
+
+
+def test_labels_come_back_with_probabilities(served) -> None:
+    _runtime, client = served
+    result = client.classify(["one two three"], model="bert_classify")
+    assert result.labels == ("LABEL_A", "LABEL_B", "LABEL_C")
+    assert result.top()[0][0] in result.labels
+    tokens = client.classify_tokens(["one two three"], model="bert_ner")
+    assert len(tokens.tags()[0]) == 5  # [CLS] one two three [SEP]
+
+
+def test_cross_encoder_equals_sentence_transformers(served, tiny_root: Path) -> None:
+    from sentence_transformers import CrossEncoder
+
+    _runtime, client = served
+    case = next(c for c in CASES if c.name == "bert_cross")
+    folder = folder_of(tiny_root, case)
+    query = "relevant query"
+    # ASCII words: sentence-transformers loads the tokenizer through AutoTokenizer, which (transformers
+    # 5) rebuilds a BERT tokenizer from the vocabulary; on these texts it must give our exact ids.
+    documents = [" ".join(w for w in t.split() if w.isascii() and w.isalpha()) or "answer"
+                 for t in varied_texts(6, seed=5, max_words=12)]
+    cross_encoder = CrossEncoder(str(folder), device="cpu")
+    ours = file_tokenizer(folder)
+    for document in documents:
+        assert cross_encoder.tokenizer(query, document)["input_ids"] == ours(query, document)["input_ids"]
+    expected = cross_encoder.predict([(query, d) for d in documents])
+    scores = client.score(query, documents, model="bert_cross")  # 1:N
+    assert np.abs(scores - expected).max() <= MAX_ABS
+    zipped = client.score([query] * 3, documents[:3], model="bert_cross")  # N:N
+    assert np.abs(zipped - expected[:3]).max() <= MAX_ABS
+    single = client.score(query, documents[0], model="bert_cross")  # 1:1
+    assert np.abs(single - expected[:1]).max() <= MAX_ABS
+    pairs = client.classify([query] * len(documents), model="bert_cross", pairs=documents)
+    assert np.abs(pairs.probabilities[:, 0] - expected).max() <= MAX_ABS
+    ranked = client.rerank(query, documents, model="bert_cross", top_n=3)
+    assert [r.index for r in ranked] == list(np.argsort(-expected, kind="stable")[:3])
+
+
+def test_late_interaction_is_maxsim(served) -> None:
+    _runtime, client = served
+    query, documents = "one two query", varied_texts(4, seed=9, max_words=10)
+    tokens = client.encode([query, *documents], model="qwen2_tokens")
+    expected = [float((tokens[0] @ d.T).max(axis=1).sum()) for d in tokens[1:]]
+    np.testing.assert_allclose(client.score(query, documents, model="qwen2_tokens"), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_scoring_shape_mismatch_is_a_clear_error(served) -> None:
+    from tritonclient.utils import InferenceServerException
+
+    _runtime, client = served
+    with pytest.raises(InferenceServerException, match="2 queries and 3 documents"):
+        client.score(["a", "b"], ["x", "y", "z"], model="bert_cross")

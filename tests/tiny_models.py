@@ -1,0 +1,138 @@
+"""Tiny models built locally: a config per architecture family, seeded weights, and a word-level
+tokenizer built with the `tokenizers` library (no hub). They cannot show that answers are good,
+only that the served answers equal transformers' on the same weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from transformers import (
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    BertConfig,
+    DistilBertConfig,
+    GPT2Config,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    XLMRobertaConfig,
+)
+
+from corpus import VOCABULARY
+
+SPECIALS = {
+    "bert": ["[PAD]", "[UNK]", "[CLS]", "[SEP]"],
+    "xlmr": ["<s>", "<pad>", "</s>", "<unk>"],
+    "decoder": ["<pad>", "<unk>", "<step>", "<good>", "<bad>"],
+}
+FAMILIES = ("bert", "xlmr", "distilbert", "gpt2", "qwen2", "llama")
+ENCODERS = ("bert", "xlmr", "distilbert")
+STEP_TAG = "<step>"
+
+
+def _words() -> list[str]:
+    words = set()
+    splitter = pre_tokenizers.Whitespace()
+    for word in VOCABULARY:
+        words.update(piece for piece, _ in splitter.pre_tokenize_str(word.lower()))
+    words.update("query document relevant answer step one two three".split())
+    return sorted(words)
+
+
+def _tokenizer(family: str) -> tuple[Tokenizer, dict]:
+    kind = family if family in SPECIALS else ("bert" if family == "distilbert" else "decoder")
+    specials = SPECIALS[kind]
+    vocab = {token: i for i, token in enumerate(specials + _words())}
+    unk = "[UNK]" if kind == "bert" else "<unk>"
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=unk))
+    tokenizer.normalizer = normalizers.Lowercase()
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(specials)  # matched whole, before lowercasing and splitting
+    if kind == "bert":
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+        tokens = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]"}
+    elif kind == "xlmr":
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+            special_tokens=[("<s>", vocab["<s>"]), ("</s>", vocab["</s>"])])
+        tokens = {"pad_token": "<pad>", "unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>",
+                  "cls_token": "<s>", "sep_token": "</s>"}
+    else:
+        tokens = {"pad_token": "<pad>", "unk_token": "<unk>"}
+    return tokenizer, {"vocab": vocab, "tokens": tokens}
+
+
+def _config(family: str, vocab_size: int, pad_id: int, **extra):
+    common = {"vocab_size": vocab_size, "pad_token_id": pad_id, "initializer_range": 0.3, **extra}
+    if family == "bert":
+        return BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                          max_position_embeddings=128, **common)
+    if family == "xlmr":
+        return XLMRobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                max_position_embeddings=130, type_vocab_size=1, bos_token_id=0, eos_token_id=2,
+                                **common)
+    if family == "distilbert":
+        return DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=128, **common)
+    if family == "gpt2":
+        return GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, bos_token_id=pad_id,
+                          eos_token_id=pad_id, **common)
+    if family == "qwen2":
+        return Qwen2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           intermediate_size=64, max_position_embeddings=128, tie_word_embeddings=False,
+                           bos_token_id=None, eos_token_id=None, **common)
+    return LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=64, max_position_embeddings=128, bos_token_id=None, eos_token_id=None,
+                       **common)
+
+
+HEADS = {
+    "embed": AutoModel,
+    "classify": AutoModelForSequenceClassification,
+    "token_classify": AutoModelForTokenClassification,
+    "causal": AutoModelForCausalLM,
+}
+
+
+def build(root: Path, family: str, head: str, num_labels: int = 3, seed: int = 0,
+          sentence_transformers_pooling: str | None = None) -> Path:
+    """Write a model folder: config.json, model.safetensors, tokenizer.json (+ HF tokenizer files)."""
+    folder = root / f"{family}-{head}-{num_labels}-{sentence_transformers_pooling or 'none'}"
+    if (folder / "config.json").is_file():
+        return folder
+    tokenizer, info = _tokenizer(family)
+    pad_id = info["vocab"][info["tokens"]["pad_token"]]
+    labels = {"id2label": {i: f"LABEL_{chr(65 + i)}" for i in range(num_labels)}} if head != "embed" else {}
+    config = _config(family, len(info["vocab"]), pad_id, num_labels=num_labels, **labels)
+    torch.manual_seed(seed)
+    model = HEADS[head].from_config(config).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    # BERT reads segment ids: its tokenizer must hand them over (pairs get 1s for the second text).
+    inputs = ["input_ids", "token_type_ids", "attention_mask"] if family == "bert" else ["input_ids", "attention_mask"]
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=config.max_position_embeddings
+                                   if family != "xlmr" else 128, model_input_names=inputs, **info["tokens"])
+    fast.save_pretrained(folder)
+    if sentence_transformers_pooling:
+        (folder / "1_Pooling").mkdir(exist_ok=True)
+        (folder / "modules.json").write_text(json.dumps([
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+        ]))
+        modes = {f"pooling_mode_{m}": sentence_transformers_pooling == m
+                 for m in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "lasttoken")}
+        (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, **modes}))
+        (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64}))
+    return folder
+
+
+def token_id(folder: Path, token: str) -> int:
+    return json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"][token]
