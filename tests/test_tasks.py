@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_models import build, token_id
+from tiny_models import FAMILIES, build, token_id
 from transformers import (
     AutoModel,
     AutoModelForCausalLM,
@@ -51,7 +51,7 @@ CASES = [
     Case("gpt2_embed", "gpt2", "embed", "LAST"),
     Case("qwen2_embed", "qwen2", "causal", "LAST"),  # a *ForCausalLM converted to embed
     Case("llama_embed", "llama", "causal", "LAST"),
-    *[Case(f"{f}_classify", f, "classify", "classify") for f in ("bert", "xlmr", "distilbert", "gpt2", "qwen2", "llama")],
+    *[Case(f"{f}_classify", f, "classify", "classify") for f in FAMILIES],
     Case("bert_cross", "bert", "classify", "classify", num_labels=1),
     *[Case(f"{f}_ner", f, "token_classify", "token_classify") for f in ("bert", "xlmr", "distilbert")],
     Case("qwen2_tokens", "qwen2", "embed", "token_embed", options={"task": "token_embed"}),
