@@ -232,3 +232,22 @@ def test_scoring_shape_mismatch_is_a_clear_error(served) -> None:
     _runtime, client = served
     with pytest.raises(InferenceServerException, match="2 queries and 3 documents"):
         client.score(["a", "b"], ["x", "y", "z"], model="bert_cross")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "qwen2", "llama"])
+def test_last_pooling_takes_the_last_real_token_under_either_padding_side(tiny_root: Path, family: str) -> None:
+    """The exported graph's mask and positions make left- and right-padded rows answer alike."""
+    from pooltriton.export.encoder import load_encoder
+    from pooltriton.resolve import resolve
+
+    case = next(c for c in CASES if c.family == family and c.reference == "LAST")
+    folder = folder_of(tiny_root, case)
+    encoder = load_encoder(folder, resolve(folder))
+    ids = torch.tensor([[7, 8, 9, 10, 11], [12, 13, 14, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    left_ids = torch.tensor([[7, 8, 9, 10, 11], [0, 0, 12, 13, 14]])
+    left_mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    with torch.no_grad():
+        right, left = encoder(ids, mask), encoder(left_ids, left_mask)
+        alone = encoder(ids[1:, :3], mask[1:, :3])
+    assert torch.allclose(right, left, atol=1e-5) and torch.allclose(right[1], alone[0], atol=1e-5)

@@ -1,0 +1,133 @@
+"""Pooler-configuration precedence, field by field, from config files alone (no weights anywhere)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pooltriton.resolve import ResolutionError, resolve
+
+
+def model_dir(tmp_path: Path, architecture: str, model_type: str, *, st_pooling: dict | None = None,
+              normalize: bool = False, extra: dict | None = None, name: str = "m") -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    config = {"architectures": [architecture], "model_type": model_type, "max_position_embeddings": 512,
+              **(extra or {})}
+    (folder / "config.json").write_text(json.dumps(config))
+    if st_pooling is not None:
+        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+        if normalize:
+            modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                            "type": "sentence_transformers.models.Normalize"})
+        (folder / "modules.json").write_text(json.dumps(modules))
+        (folder / "1_Pooling").mkdir()
+        (folder / "1_Pooling" / "config.json").write_text(json.dumps(st_pooling))
+    return folder
+
+
+# (architecture, model_type, st_pooling, normalize, explicit, expected task, pooling, use_activation, sources)
+POOLING_TABLE = [
+    ("BertModel", "bert", None, False, {}, "embed", "CLS", True, ("architecture", "task-default")),
+    ("Qwen2ForCausalLM", "qwen2", None, False, {}, "embed", "LAST", True, ("architecture", "task-default")),
+    ("LlamaModel", "llama", None, False, {}, "embed", "LAST", True, ("architecture", "task-default")),
+    ("BertModel", "bert", {"pooling_mode": "mean"}, True, {}, "embed", "MEAN", True,
+     ("sentence-transformers", "sentence-transformers")),
+    ("BertModel", "bert", {"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": False}, False, {},
+     "embed", "MEAN", False, ("sentence-transformers", "sentence-transformers")),
+    ("Qwen2Model", "qwen2", {"pooling_mode_lasttoken": True}, True, {}, "embed", "LAST", True,
+     ("sentence-transformers", "sentence-transformers")),
+    ("BertModel", "bert", {"pooling_mode_cls_token": True}, True, {"pooling_type": "MEAN"}, "embed", "MEAN", True,
+     ("explicit", "sentence-transformers")),
+    ("BertModel", "bert", {"pooling_mode": "cls"}, True, {"use_activation": False}, "embed", "CLS", False,
+     ("sentence-transformers", "explicit")),
+    ("BertModel", "bert", None, False, {"task": "token_embed"}, "token_embed", "ALL", True,
+     ("task-default", "task-default")),
+    ("XLMRobertaModel", "xlm-roberta", None, False, {"pooling_type": "LAST"}, "embed", "LAST", True,
+     ("explicit", "task-default")),
+]
+
+
+@pytest.mark.parametrize(("arch", "model_type", "st", "normalize", "explicit", "task", "pooling", "use", "sources"),
+                         POOLING_TABLE)
+def test_embedding_precedence(tmp_path, arch, model_type, st, normalize, explicit, task, pooling, use, sources):
+    config = resolve(model_dir(tmp_path, arch, model_type, st_pooling=st, normalize=normalize), **explicit)
+    assert (config.task.value, config.pooling_type.value, config.use_activation) == (task, pooling, use)
+    assert (config.sources["pooling_type"], config.sources["use_activation"]) == sources
+
+
+# (extra HF config, expected activation, source)
+ACTIVATION_TABLE = [
+    ({"num_labels": 1}, "sigmoid", "task-default"),
+    ({"num_labels": 3}, "softmax", "task-default"),
+    ({"id2label": {"0": "a", "1": "b"}}, "softmax", "task-default"),
+    ({"num_labels": 3, "problem_type": "multi_label_classification"}, "sigmoid", "hf-config"),
+    ({"num_labels": 1, "problem_type": "regression"}, "identity", "hf-config"),
+    ({"num_labels": 1, "problem_type": "single_label_classification"}, "softmax", "hf-config"),
+    ({"num_labels": 1, "sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}},
+     "identity", "sentence-transformers"),
+    ({"num_labels": 3, "sbert_ce_default_activation_function": "torch.nn.modules.activation.Sigmoid"},
+     "sigmoid", "sentence-transformers"),
+    ({"num_labels": 3, "problem_type": "regression",
+      "sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Sigmoid"}}, "identity", "hf-config"),
+]
+
+
+@pytest.mark.parametrize(("extra", "activation", "source"), ACTIVATION_TABLE)
+def test_classifier_activation_precedence(tmp_path, extra, activation, source) -> None:
+    config = resolve(model_dir(tmp_path, "BertForSequenceClassification", "bert", extra=extra))
+    assert config.task.value == "classify" and config.pooling_type.value == "CLS"
+    assert (config.activation.value, config.sources["activation"]) == (activation, source)
+
+
+def test_untrusted_activation_is_refused(tmp_path) -> None:
+    extra = {"num_labels": 1, "sentence_transformers": {"activation_fn": "os.system"}}
+    with pytest.raises(ResolutionError, match="only torch.nn.modules"):
+        resolve(model_dir(tmp_path, "BertForSequenceClassification", "bert", extra=extra))
+
+
+@pytest.mark.parametrize(("arch", "kwargs", "message"), [
+    ("BertModel", {"task": "classify"}, "no classification head"),
+    ("BertForSequenceClassification", {"task": "embed"}, "--convert embed"),
+    ("BertForTokenClassification", {"task": "classify"}, "use task token_classify"),
+    ("BertModel", {"task": "embed", "pooling_type": "ALL"}, "does not fit task embed"),
+    ("LlamaForCausalLM", {"task": "token_classify", "pooling_type": "STEP"}, "no classification head"),
+    ("LlamaModel", {"task": "token_embed", "pooling_type": "STEP"}, "STEP pooling needs"),
+])
+def test_a_task_the_model_cannot_serve_is_an_error(tmp_path, arch, kwargs, message) -> None:
+    with pytest.raises(ResolutionError, match=message):
+        resolve(model_dir(tmp_path, arch, "bert" if arch.startswith("Bert") else "llama"), **kwargs)
+
+
+def test_convert_overrides_the_architecture(tmp_path) -> None:
+    config = resolve(model_dir(tmp_path, "BertForSequenceClassification", "bert"), convert="embed")
+    assert config.task.value == "embed" and config.sources["convert"] == "explicit"
+
+
+def test_causal_lm_reward_with_step(tmp_path) -> None:
+    config = resolve(model_dir(tmp_path, "LlamaForCausalLM", "llama"), task="token_classify",
+                     pooling_type="STEP", step_tag_id=5, returned_token_ids=(7, 8))
+    assert config.pooling_type.value == "STEP" and config.num_labels == 2 and config.activation.value == "softmax"
+
+
+def test_inspect_needs_no_weights(tmp_path) -> None:
+    folder = model_dir(tmp_path, "BertModel", "bert", st_pooling={"pooling_mode_mean_tokens": True}, normalize=True)
+    assert not any(p.suffix in (".safetensors", ".bin") for p in folder.rglob("*"))
+    out = subprocess.run([sys.executable, "-m", "pooltriton.cli", "inspect", str(folder)],
+                         check=True, capture_output=True, text=True).stdout
+    data = json.loads(out)
+    assert (data["pooling_type"], data["use_activation"], data["max_length"]) == ("MEAN", True, 512)
+
+
+def test_export_of_an_unservable_task_fails_at_export(tmp_path) -> None:
+    folder = model_dir(tmp_path, "BertModel", "bert")
+    (folder / "tokenizer.json").write_text("{}")
+    result = subprocess.run([sys.executable, "-m", "pooltriton.cli", "export", str(folder), "--task", "classify",
+                             "--name", "x", "--out", str(tmp_path / "repo")], capture_output=True, text=True)
+    assert result.returncode == 2 and "no classification head" in result.stderr
+    assert not (tmp_path / "repo").exists()
