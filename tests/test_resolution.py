@@ -87,7 +87,7 @@ def test_classifier_activation_precedence(tmp_path, extra, activation, source) -
 
 def test_untrusted_activation_is_refused(tmp_path) -> None:
     extra = {"num_labels": 1, "sentence_transformers": {"activation_fn": "os.system"}}
-    with pytest.raises(ResolutionError, match="only torch.nn.modules"):
+    with pytest.raises(ResolutionError, match=r"only torch\.nn\.modules"):
         resolve(model_dir(tmp_path, "BertForSequenceClassification", "bert", extra=extra))
 
 
