@@ -172,6 +172,15 @@ class PoolingClient:
         order = np.argsort(-scores, kind="stable")[: top_n or len(documents)]
         return [RerankResult(int(i), float(scores[i]), documents[i]) for i in order]
 
+    def plugin(self, model: str, inputs: str | Sequence[str], **parameters: Any) -> list[Any]:
+        """Call a plugin model (see pooltriton.plugins): one decoded JSON answer per input."""
+        batch = [inputs] if isinstance(inputs, str) else list(inputs)
+        if not batch:
+            raise ValueError("inputs is empty: pass at least one input")
+        params = {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in parameters.items()}
+        result = self._infer(model, {"INPUT": batch}, ("OUTPUT",), params, batched=False)
+        return [json.loads(item) for item in result["OUTPUT"]]
+
     # -- transport --------------------------------------------------------------------------------
     def _infer(self, model: str, inputs: dict[str, list[str]], outputs: Sequence[str],
                parameters: dict[str, Any], batched: bool) -> dict[str, np.ndarray]:

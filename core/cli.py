@@ -48,6 +48,13 @@ def main(argv: list[str] | None = None) -> int:
                         "pads to fixed lengths so native backends can batch them")
     export.add_argument("--encoder-threads", type=int, default=2, help="intra-op threads of the encoder")
 
+    plugin = sub.add_parser("plugin", help="serve a registered IO-processor plugin around an exported model")
+    plugin.add_argument("name", help="the plugin model's name")
+    plugin.add_argument("--plugin", required=True, help="the name the plugin class is registered under")
+    plugin.add_argument("--module", help="module to import so the plugin registers (e.g. my_pkg.plugins)")
+    plugin.add_argument("--model", required=True, help="the exported model it wraps")
+    plugin.add_argument("--out", default="model_repository")
+
     inspect = sub.add_parser("inspect", help="print the resolved pooler configuration (config files only)")
     _model_args(inspect)
 
@@ -81,6 +88,14 @@ def main(argv: list[str] | None = None) -> int:
             export_model(_local(args.model), options)
         except ResolutionError as error:
             print(f"pooltriton export: {error}", file=sys.stderr)
+            return 2
+    elif args.command == "plugin":
+        from pooltriton.export.plugin import write_plugin
+
+        try:
+            print(write_plugin(args.name, args.plugin, args.module, args.model, Path(args.out)))
+        except (ResolutionError, KeyError, ImportError) as error:
+            print(f"pooltriton plugin: {error}", file=sys.stderr)
             return 2
     elif args.command == "inspect":
         from pooltriton.resolve import resolve

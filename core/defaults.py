@@ -66,8 +66,13 @@ def _fingerprint(model_dir: Path, options: dict) -> str:
     return digest.hexdigest()
 
 
+# The example plugin (zero-shot labels from MiniLM embeddings), written after the models it wraps.
+DEFAULT_PLUGINS = (("minilm_zero_shot", "zero_shot", "pooltriton.plugin_examples", "minilm"),)
+
+
 def build_defaults(out: Path, force: bool = False) -> None:
     from pooltriton.export.build import ExportOptions, export_model
+    from pooltriton.export.plugin import write_plugin
 
     for model in DEFAULT_MODELS:
         model_dir = model.locate()
@@ -81,3 +86,5 @@ def build_defaults(out: Path, force: bool = False) -> None:
         stamp.write_text(json.dumps({"fingerprint": fingerprint, "source": str(model_dir),
                                      "options": asdict(options) | {"out": str(out)},
                                      "max_abs_error": report["max_abs_error_activated"]}, indent=2) + "\n")
+    for name, plugin, module, model in DEFAULT_PLUGINS:
+        write_plugin(name, plugin, module, model, out)

@@ -1,0 +1,45 @@
+"""Plugin stage: INPUT (BYTES [n]) -> the user's pre_process -> the wrapped ensemble (BLS) ->
+post_process -> OUTPUT (BYTES [n], one JSON document per input). See pooltriton.plugins."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from pooltriton.backends.common import ModelArgs, error_response, input_array, request_parameters
+from pooltriton.plugins import get_plugin
+from pooltriton.tokenization import InputError, decode_texts
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        model = ModelArgs(args)
+        self.plugin = get_plugin(model.parameter("plugin"), model.parameter("module"))
+        self.target: str = model.parameter("model")
+        self.outputs: list[str] = model.parameter("outputs")
+
+    def _call(self, texts: list[str], parameters: dict) -> dict[str, np.ndarray]:
+        tensor = pb_utils.Tensor("TEXT", np.array([t.encode() for t in texts], dtype=np.object_).reshape(-1, 1))
+        # The wrapped model sees only the parameters it understands.
+        passed = {k: v for k, v in parameters.items() if k in ("truncate", "use_activation")}
+        response = pb_utils.InferenceRequest(model_name=self.target, inputs=[tensor],
+                                             requested_output_names=self.outputs, parameters=passed).exec()
+        if response.has_error():
+            raise InputError(response.error().message())
+        return {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in self.outputs}
+
+    def execute(self, requests: list) -> list:
+        responses = []
+        for request in requests:
+            try:
+                inputs = decode_texts(input_array(request, "INPUT"))
+                parameters = request_parameters(request)
+                texts = self.plugin.pre_process(inputs, parameters)
+                answers = self.plugin.post_process(inputs, self._call(texts, parameters), parameters)
+                encoded = np.array([json.dumps(a).encode() for a in answers], dtype=np.object_)
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", encoded)]))
+            except (InputError, ValueError, KeyError) as error:
+                responses.append(error_response(f"plugin: {error}"))
+        return responses
