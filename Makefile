@@ -10,6 +10,7 @@ BACKENDS ?= build/backends
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+GATEWAY_PORT ?= 8080
 # pip's notes about this machine's local wheel mirror are noise.
 QUIET_PIP := { grep -v '^WARNING: Location' || true; }
 
@@ -30,7 +31,8 @@ setup: $(VENV)/.installed
 
 serve: setup
 	$(PY) -m pooltriton.cli serve --repository $(REPOSITORY) --backends $(BACKENDS) \
-		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
+		--gateway-port $(GATEWAY_PORT)
 
 test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -128,8 +128,11 @@ class TritonServer:
             except OSError:
                 pass
 
-    def run_foreground(self) -> int:
-        """Serve until Ctrl-C / SIGTERM, then stop Triton cleanly and return its exit code."""
+    def run_foreground(self, companion: list[str] | None = None) -> int:
+        """Serve until Ctrl-C / SIGTERM, then stop Triton cleanly and return its exit code.
+
+        `companion` (the HTTP gateway's command) starts once Triton is ready and stops with it.
+        """
         self.start()
         stop = {"requested": False}
 
@@ -140,7 +143,14 @@ class TritonServer:
         signal.signal(signal.SIGTERM, _forward)
         print(f"tritonserver: HTTP {self.http_port}, gRPC {self.grpc_port}, metrics {self.metrics_port} "
               f"(Ctrl-C stops it)", file=sys.stderr, flush=True)
+        helper = None
         while not stop["requested"] and self.process.poll() is None:
+            if companion and helper is None and self.ready():
+                helper = subprocess.Popen(companion, preexec_fn=_die_with_parent)
+                print(f"gateway: {' '.join(companion[2:])}", file=sys.stderr, flush=True)
             time.sleep(0.2)
+        if helper is not None and helper.poll() is None:
+            helper.send_signal(signal.SIGTERM)
+            helper.wait(15)
         code = self.stop()
         return code or 0

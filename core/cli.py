@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--http-port", type=int, default=8000)
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.add_argument("--gateway-port", type=int, default=8080,
+                       help="OpenAI/Cohere/vLLM HTTP gateway port (0: no gateway)")
 
     args = parser.parse_args(argv)
     from pooltriton.resolve import ResolutionError
@@ -119,7 +121,11 @@ def main(argv: list[str] | None = None) -> int:
 
         server = TritonServer(Path(args.repository), assemble(Path(args.backends)),
                               http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
-        return server.run_foreground()
+        gateway = None
+        if args.gateway_port:
+            gateway = [sys.executable, "-m", "pooltriton.clients.gateway", "--triton", f"localhost:{args.grpc_port}",
+                       "--repository", args.repository, "--port", str(args.gateway_port)]
+        return server.run_foreground(companion=gateway)
     return 0
 
 

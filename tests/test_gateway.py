@@ -1,0 +1,153 @@
+"""The HTTP gateway (OpenAI / Cohere / vLLM shapes) against the real Triton server."""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from conftest import REPOSITORY, free_port
+
+API_KEY = "test-key"
+
+
+@pytest.fixture(scope="module")
+def gateway(server):
+    import uvicorn
+
+    from pooltriton.clients.gateway import create_app
+
+    port = free_port()
+    app = create_app(server.grpc_url, REPOSITORY, api_key=API_KEY)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    gateway_server = uvicorn.Server(config)
+    thread = threading.Thread(target=gateway_server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not gateway_server.started and time.monotonic() < deadline:
+        time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}"
+    gateway_server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def http(gateway):
+    with httpx.Client(base_url=gateway, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as client:
+        yield client
+
+
+def test_openai_sdk_float_and_base64(gateway, http_client) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{gateway}/v1", api_key=API_KEY)
+    texts = ["A man is eating food.", "A man is eating a piece of bread."]
+    expected = http_client.embed(texts)
+    for encoding_format in ("float", "base64"):
+        response = client.embeddings.create(model="minilm", input=texts, encoding_format=encoding_format)
+        # With base64 asked for explicitly the SDK hands the string over as is.
+        vectors = np.array([np.frombuffer(base64.b64decode(d.embedding), dtype=np.float32)
+                            if isinstance(d.embedding, str) else d.embedding for d in response.data], dtype=np.float32)
+        assert np.abs(vectors - expected).max() <= 1e-6
+        assert response.usage.prompt_tokens > 0
+    single = client.embeddings.create(model="minilm", input="A man is eating food.")
+    assert np.abs(np.array(single.data[0].embedding) - expected[0]).max() <= 1e-6
+
+
+def test_base64_is_float32_bytes(http, http_client) -> None:
+    body = http.post("/v1/embeddings", json={"model": "minilm", "input": ["hello"], "encoding_format": "base64"}).json()
+    vector = np.frombuffer(base64.b64decode(body["data"][0]["embedding"]), dtype=np.float32)
+    assert np.abs(vector - http_client.embed(["hello"])[0]).max() <= 1e-6
+
+
+def test_big_input_is_split_and_reassembled(http, http_client) -> None:
+    texts = [f"text number {i} about pooling" for i in range(300)]
+    body = http.post("/v1/embeddings", json={"model": "minilm", "input": texts}).json()
+    vectors = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+    assert [d["index"] for d in body["data"]] == list(range(300))
+    assert np.abs(vectors - http_client.embed(texts)).max() <= 1e-6
+
+
+def test_cohere_embed_types(http, http_client) -> None:
+    body = http.post("/v2/embed", json={"model": "minilm", "texts": ["hello world"],
+                                        "embedding_types": ["float", "int8", "uint8", "ubinary", "binary"]}).json()
+    reference = http_client.embed(["hello world"])[0]
+    assert np.abs(np.array(body["embeddings"]["float"][0]) - reference).max() <= 1e-6
+    assert body["embeddings"]["int8"][0] == np.clip(np.round(reference * 127), -128, 127).astype(int).tolist()
+    assert body["embeddings"]["ubinary"][0] == np.packbits(reference > 0).tolist()
+    assert len(body["embeddings"]["binary"][0]) == 384 // 8
+    assert body["meta"]["billed_units"]["input_tokens"] == 4
+
+
+def test_score_and_rerank_routes(http, http_client) -> None:
+    query, documents = "A man is eating food.", ["A monkey plays drums.", "A man is eating a piece of bread."]
+    expected = http_client.score(query, documents)
+    for path in ("/score", "/v1/score"):
+        body = http.post(path, json={"model": "minilm", "text_1": query, "text_2": documents}).json()
+        assert np.abs(np.array([d["score"] for d in body["data"]]) - expected).max() <= 1e-6
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        body = http.post(path, json={"model": "minilm", "query": query, "documents": documents, "top_n": 1}).json()
+        assert [r["index"] for r in body["results"]] == [1]
+        assert body["results"][0]["document"]["text"] == documents[1]
+
+
+def test_pooling_token_output_and_tokenize(http, http_client) -> None:
+    body = http.post("/pooling", json={"model": "rampart", "input": ["Mail john@example.com"]}).json()
+    expected = http_client.encode(["Mail john@example.com"], model="rampart")[0]
+    assert np.abs(np.array(body["data"][0]["data"]) - expected).max() <= 1e-6
+    tokens = http.post("/tokenize", json={"model": "minilm", "prompt": "hello world"}).json()
+    assert tokens["count"] == 4 and tokens["max_model_len"] == 256
+    text = http.post("/detokenize", json={"model": "minilm", "tokens": tokens["tokens"]}).json()["prompt"]
+    assert "hello world" in text
+
+
+def test_models_health_metrics(gateway, http) -> None:
+    models = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
+    assert models["minilm"]["task"] == "embed" and models["rampart"]["task"] == "token_classify"
+    assert httpx.get(f"{gateway}/health").status_code == 200  # no API key needed
+    assert "pooltriton_gateway_requests_total" in http.get("/metrics").text
+
+
+@pytest.mark.parametrize(("path", "payload", "status", "message"), [
+    ("/v1/embeddings", {"model": "nope", "input": "x"}, 404, "does not exist"),
+    ("/v1/embeddings", {"model": "minilm", "input": "word " * 400}, 400, "limit of 256 tokens"),
+    ("/v1/embeddings", {"model": "minilm", "input": "x", "dimensions": 128}, 400, "does not support dimensions"),
+    ("/v1/embeddings", {"model": "minilm", "input": 5}, 422, "input"),
+    ("/v1/embeddings", {"model": "minilm"}, 422, "input"),
+    ("/v1/embeddings", {"model": "minilm", "input": [""]}, 400, "is empty"),
+    ("/score", {"model": "rampart", "text_1": "a", "text_2": "b"}, 400, "cannot score"),
+    ("/classify", {"model": "minilm", "input": "x"}, 400, "not classify"),
+])
+def test_errors_have_the_openai_shape(http, path, payload, status, message) -> None:
+    response = http.post(path, json=payload)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert message in error["message"] and error["code"] == status and error["type"]
+
+
+def test_truncation_options(http, http_client) -> None:
+    long = "word " * 400
+    body = http.post("/v1/embeddings", json={"model": "minilm", "input": long, "truncate_prompt_tokens": -1}).json()
+    expected = http_client.embed([long], truncate="END")[0]
+    assert np.abs(np.array(body["data"][0]["embedding"]) - expected).max() <= 1e-6
+
+
+def test_bad_json_missing_key_and_too_large(gateway, http) -> None:
+    response = http.post("/v1/embeddings", content=b"{not json", headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "error" in response.json()
+    assert httpx.post(f"{gateway}/v1/embeddings", json={"input": "x"}).status_code == 401
+    wrong = httpx.post(f"{gateway}/v1/embeddings", json={"input": "x"}, headers={"Authorization": "Bearer no"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+    big = http.post("/v1/embeddings", content=b"x" * (9 * 1024 * 1024), headers={"content-type": "application/json"})
+    assert big.status_code == 413
+
+
+def test_openapi_document(http) -> None:
+    spec = http.get("/openapi.json").json()
+    for path in ("/v1/embeddings", "/v2/embed", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank",
+                 "/v2/rerank", "/pooling", "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics"):
+        assert path in spec["paths"], path
