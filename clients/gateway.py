@@ -130,6 +130,8 @@ class Triton:
         except InferenceServerException as error:
             status = _STATUS.get(str(error.status()), 500)
             message = error.message() or str(error)
+            if "queue size" in message:  # Triton's queue policy rejected it: overloaded
+                status = 429
             raise APIError(400 if status == 500 and "in ensemble" in message else status, message) from None
         return {name: result.as_numpy(name) for name in outputs}
 
@@ -169,7 +171,7 @@ class Options(BaseModel):
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
     truncation_side: Literal["left", "right"] | None = None
     use_activation: bool | None = None
-    priority: int = Field(0, ge=0, le=1000)
+    priority: int = Field(0, ge=-1000, le=1000)
     user: str | None = None
 
     def parameters(self) -> dict[str, Any]:
@@ -234,6 +236,20 @@ def as_texts(value: Any, field: str = "input") -> list[str]:
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return list(value)
     raise APIError(400, f"{field}: token-id input is not supported by this server yet; send text", field)
+
+
+def as_token_ids(value: Any) -> list[list[int]] | None:
+    """OpenAI's pre-tokenised input: a list of ids, or a list of such lists; None for text."""
+    if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        return value
+    return None
+
+
+def triton_priority(priority: int) -> int:
+    """vLLM's priority (lower runs earlier, 0 default) -> Triton's levels (1 highest of 3, 0 = default 2)."""
+    return 0 if priority == 0 else (1 if priority < 0 else 3)
 
 
 def count_tokens(model: ServedModel, texts: list[str]) -> int:
@@ -332,8 +348,14 @@ def create_app(triton_url: str, repository: Path | None = None, api_key: str | N
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest):
         model = await served(body.model, "embed")
-        texts = as_texts(body.input)
-        vectors = await triton.encode(model, texts, body.parameters(), priority=body.priority)
+        parameters = body.parameters()
+        token_rows = as_token_ids(body.input)
+        if token_rows is not None:
+            texts = [json.dumps(row) for row in token_rows]
+            parameters["input_format"] = "token_ids"
+        else:
+            texts = as_texts(body.input)
+        vectors = await triton.encode(model, texts, parameters, priority=triton_priority(body.priority))
         if model.per_token:
             raise APIError(400, f"model {model.name!r} is {model.task}: use /pooling for token outputs", "model")
         vectors = matryoshka(model, vectors, body.dimensions, "dimensions")
@@ -342,7 +364,8 @@ def create_app(triton_url: str, repository: Path | None = None, api_key: str | N
             value = (base64.b64encode(vector.astype(np.float32).tobytes()).decode()
                      if body.encoding_format == "base64" else vector.tolist())
             data.append({"object": "embedding", "index": index, "embedding": value})
-        return {"object": "list", "data": data, "model": model.name, "usage": usage(count_tokens(model, texts))}
+        tokens = sum(map(len, token_rows)) if token_rows is not None else count_tokens(model, texts)
+        return {"object": "list", "data": data, "model": model.name, "usage": usage(tokens)}
 
     @app.post("/v2/embed")
     async def cohere_embed(body: CohereEmbedRequest):
@@ -364,7 +387,7 @@ def create_app(triton_url: str, repository: Path | None = None, api_key: str | N
         if model.task != "classify":
             raise APIError(400, f"model {model.name!r} is {model.task}, not classify", "model")
         texts = as_texts(body.input)
-        probabilities = await triton.encode(model, texts, body.parameters(), priority=body.priority)
+        probabilities = await triton.encode(model, texts, body.parameters(), priority=triton_priority(body.priority))
         data = [{"index": i, "label": model.labels[int(p.argmax())] if model.labels else int(p.argmax()),
                  "probs": p.tolist(), "num_classes": len(p)} for i, p in enumerate(probabilities)]
         return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
@@ -373,7 +396,7 @@ def create_app(triton_url: str, repository: Path | None = None, api_key: str | N
     async def score_route(body: ScoreRequest):
         model = await served(body.model)
         queries, documents = as_texts(body.text_1, "text_1"), as_texts(body.text_2, "text_2")
-        scores = await triton.score(model, queries, documents, body.parameters(), body.priority)
+        scores = await triton.score(model, queries, documents, body.parameters(), triton_priority(body.priority))
         return {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                 "model": model.name, "data": [{"index": i, "object": "score", "score": float(s)}
                                               for i, s in enumerate(scores)],
@@ -383,7 +406,8 @@ def create_app(triton_url: str, repository: Path | None = None, api_key: str | N
         model = await served(body.model)
         if not body.documents:
             raise APIError(400, "documents is empty", "documents")
-        scores = await triton.score(model, [body.query], body.documents, body.parameters(), body.priority)
+        scores = await triton.score(model, [body.query], body.documents, body.parameters(),
+                                    triton_priority(body.priority))
         order = np.argsort(-scores, kind="stable")[: body.top_n or len(body.documents)]
         results = []
         for i in order:
@@ -403,7 +427,7 @@ def create_app(triton_url: str, repository: Path | None = None, api_key: str | N
     async def pooling(body: PoolingRequest):
         model = await served(body.model)
         texts = as_texts(body.input)
-        values = await triton.encode(model, texts, body.parameters(), priority=body.priority)
+        values = await triton.encode(model, texts, body.parameters(), priority=triton_priority(body.priority))
         return {"id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model.name,
                 "data": [{"index": i, "object": "pooling", "data": np.asarray(v).tolist()}
                          for i, v in enumerate(values)], "usage": usage(count_tokens(model, texts))}

@@ -31,6 +31,14 @@ class Batch:
     truncated: int  # how many texts were cut
 
 
+@dataclass(frozen=True)
+class TokenIds:
+    """Token ids given by the client, shaped like a `tokenizers.Encoding` for padding."""
+
+    ids: list[int]
+    type_ids: list[int]
+
+
 class TextTokenizer:
     def __init__(self, tokenizer_file: str, max_length: int, pad_token_id: int | None = None) -> None:
         self.max_length = max_length
@@ -86,6 +94,26 @@ class TextTokenizer:
             inputs = texts if pairs is None else list(zip(texts, pairs))
             results.append(self._limit(inputs, own, truncation))
         return results
+
+    def encode_ids(self, rows: list[list[int]], truncation: Truncation) -> tuple[list[TokenIds], int]:
+        """Pre-tokenised input (OpenAI's token-id `input`): used as given, no special tokens added."""
+        if not rows:
+            raise InputError("empty batch: send at least one input")
+        vocab = self._plain.get_vocab_size(with_added_tokens=True)
+        out, truncated = [], 0
+        for index, ids in enumerate(rows):
+            if not ids:
+                raise InputError(f"input {index} has no token ids")
+            if not all(isinstance(i, int) and 0 <= i < vocab for i in ids):
+                raise InputError(f"input {index}: token ids must be integers in [0, {vocab})")
+            if len(ids) > self.max_length:
+                if truncation is Truncation.NONE:
+                    raise InputError(f"input {index} has {len(ids)} tokens, more than this model's limit of "
+                                     f"{self.max_length} tokens; pass truncation to cut it")
+                ids = ids[: self.max_length] if truncation is Truncation.END else ids[-self.max_length :]
+                truncated += 1
+            out.append(TokenIds(list(ids), [0] * len(ids)))
+        return out, truncated
 
     def _limit(
         self, inputs: list, encodings: list[Encoding], truncation: Truncation

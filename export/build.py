@@ -32,6 +32,8 @@ BUCKETS = (16, 32, 64, 128, 256, 512)
 OUTPUT_NAMES = {Task.EMBED: "EMBEDDING", Task.CLASSIFY: "PROBABILITIES",
                 Task.TOKEN_EMBED: "TOKEN_EMBEDDINGS", Task.TOKEN_CLASSIFY: "TOKEN_PROBABILITIES"}
 TOKEN_COUNTS = "TOKEN_COUNTS"
+# Request priority 1 (high), 2 (default), 3 (low) on the batched stages; ensembles pass it through.
+PRIORITY_LEVELS = 3
 RUNTIMES = {"onnx": ("onnxruntime", "model.onnx"), "torchscript": ("pytorch", "model.pt")}
 
 
@@ -164,7 +166,7 @@ def pipeline_configs(
     tokenizer = ModelConfig(
         name=names["tokenizer"], backend="tokenizer", max_batch_size=MAX_BATCH_SIZE,
         inputs=text_inputs, outputs=[Tensor(n, "TYPE_INT64", (-1,)) for n in token_outputs],
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=500),
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=500, priority_levels=PRIORITY_LEVELS),
         parameters=tokenizer_params,
     )
     encoder = ModelConfig(
@@ -172,7 +174,7 @@ def pipeline_configs(
         max_batch_size=MAX_BATCH_SIZE,
         inputs=[Tensor(n, "TYPE_INT64", (-1,), allow_ragged_batch=ragged) for n in encoder_inputs],
         outputs=[pooled],
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=2000),
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=2000, priority_levels=PRIORITY_LEVELS),
         # Same key as the native backends', so the config means the same on both servers.
         parameters={"intra_op_thread_count": str(options.encoder_threads), "pad_token_id": pad_token_id},
     )

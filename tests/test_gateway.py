@@ -151,3 +151,48 @@ def test_openapi_document(http) -> None:
     for path in ("/v1/embeddings", "/v2/embed", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank",
                  "/v2/rerank", "/pooling", "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics"):
         assert path in spec["paths"], path
+
+
+def test_token_id_input_equals_text_input(http, http_client) -> None:
+    ids = http.post("/tokenize", json={"model": "minilm", "prompt": "A man is eating food."}).json()["tokens"]
+    for payload in (ids, [ids, ids]):
+        body = http.post("/v1/embeddings", json={"model": "minilm", "input": payload}).json()
+        vectors = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+        assert np.abs(vectors - http_client.embed(["A man is eating food."])[0]).max() <= 1e-5
+        assert body["usage"]["prompt_tokens"] == len(ids) * (1 if payload is ids else 2)
+    bad = http.post("/v1/embeddings", json={"model": "minilm", "input": [10**9]})
+    assert bad.status_code == 400 and "token ids must be integers" in bad.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("priority", [-5, 0, 7])
+def test_priority_is_accepted(http, priority) -> None:
+    body = http.post("/v1/embeddings", json={"model": "minilm", "input": "x", "priority": priority})
+    assert body.status_code == 200, body.text
+
+
+def test_no_server_errors_for_arbitrary_json(http) -> None:
+    """Property-based: whatever JSON arrives, the gateway answers 2xx/4xx, never 5xx."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    scalars = st.none() | st.booleans() | st.integers(-10, 10**6) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=30)
+    values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.text(max_size=8), inner, max_size=4), max_leaves=12)
+    fields = st.fixed_dictionaries({}, optional={
+        "model": st.sampled_from(["minilm", "rampart", "minilm_tokens", "nope"]) | st.text(max_size=5),
+        "input": values, "text_1": values, "text_2": values, "query": values, "documents": values,
+        "texts": values, "encoding_format": values, "dimensions": values, "top_n": values, "truncate": values,
+        "embedding_types": values, "priority": values, "use_activation": values, "prompt": values, "tokens": values,
+        "truncate_prompt_tokens": values})
+    paths = st.sampled_from(["/v1/embeddings", "/v2/embed", "/classify", "/score", "/rerank", "/pooling",
+                             "/tokenize", "/detokenize"])
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(path=paths, body=fields)
+    def check(path, body):
+        response = http.post(path, json=body)
+        assert response.status_code < 500, (path, body, response.status_code, response.text[:300])
+        if response.status_code >= 400:
+            assert "error" in response.json()
+
+    check()

@@ -6,6 +6,8 @@ ragged results. Per-request parameter "truncate": NONE (default: reject over-len
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -37,6 +39,8 @@ class TritonPythonModel:
             except (InputError, ValueError) as error:
                 parsed.append(InputError(str(error)))
         good = [p for p in parsed if not isinstance(p, InputError)]
+        if any(request_parameters(r).get("input_format") == "token_ids" for r in requests):
+            return self._execute_ids(requests)
         encoded = iter(self.tokenizer.encode_requests(good))
         responses = []
         for item in parsed:
@@ -45,9 +49,30 @@ class TritonPythonModel:
                 responses.append(error_response(str(result)))
                 continue
             encodings, _truncated = result
-            ids, mask, types, _lengths = self.tokenizer.pad(encodings, self.buckets)
-            arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-            responses.append(
-                pb_utils.InferenceResponse([pb_utils.Tensor(n, np.ascontiguousarray(arrays[n])) for n in self.outputs])
-            )
+            responses.append(self._response(encodings))
+        return responses
+
+    def _response(self, encodings: list) -> object:
+        ids, mask, types, _lengths = self.tokenizer.pad(encodings, self.buckets)
+        arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        return pb_utils.InferenceResponse([pb_utils.Tensor(n, np.ascontiguousarray(arrays[n])) for n in self.outputs])
+
+    def _execute_ids(self, requests: list) -> list:
+        """Requests with parameter input_format=token_ids carry JSON lists of ids in TEXT (rare path)."""
+        responses = []
+        for request in requests:
+            parameters = request_parameters(request)
+            try:
+                truncation = Truncation.parse(parameters.get("truncate"))
+                texts = decode_texts(input_array(request, "TEXT"))
+                if parameters.get("input_format") == "token_ids":
+                    rows = [json.loads(text) for text in texts]
+                    if not all(isinstance(row, list) for row in rows):
+                        raise InputError("token_ids input: every TEXT item must be a JSON list of integers")
+                    encodings, _ = self.tokenizer.encode_ids(rows, truncation)
+                else:
+                    encodings, _ = self.tokenizer.encode(texts, truncation)
+                responses.append(self._response(encodings))
+            except (InputError, ValueError) as error:
+                responses.append(error_response(str(error)))
         return responses
