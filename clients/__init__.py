@@ -1,5 +1,13 @@
-"""Client library for pooltriton-served models."""
+"""Client library for pooltriton-served models (sync and asyncio, HTTP and gRPC to Triton)."""
 
-from pooltriton.clients.triton import PoolingClient
+from pooltriton.clients.triton import (
+    AsyncPoolingClient,
+    Classification,
+    ModelInfo,
+    PoolingClient,
+    RerankResult,
+    TokenClassification,
+)
 
-__all__ = ["PoolingClient"]
+__all__ = ["AsyncPoolingClient", "Classification", "ModelInfo", "PoolingClient", "RerankResult",
+           "TokenClassification"]

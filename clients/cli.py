@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from tritonclient.utils import InferenceServerException
+
 from pooltriton.clients.triton import PoolingClient
 
 
@@ -25,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--model", default="minilm")
         command.add_argument("--truncate", choices=["NONE", "END", "START"])
         command.add_argument("--no-activation", action="store_true", help="raw vectors / logits")
+    tokenize = sub.add_parser("tokenize", help="token ids per text from the model's own tokenizer stage")
+    tokenize.add_argument("texts", nargs="*")
+    tokenize.add_argument("--model", default="minilm")
     for name in ("score", "rerank"):
         command = sub.add_parser(name, help=f"{name} documents against a query with <model>_score")
         command.add_argument("query")
@@ -32,7 +37,17 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--model", default="minilm")
         command.add_argument("--top-n", type=int, help="rerank: keep the best N")
     args = parser.parse_args(argv)
+    try:
+        output = _run(args)
+    except (ValueError, InferenceServerException) as error:
+        print(f"pooltriton-client: {error}", file=sys.stderr)
+        return 2
+    json.dump({"model": args.model, **output}, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
 
+
+def _run(args: argparse.Namespace) -> dict:
     with PoolingClient(args.url, protocol=args.protocol, model=args.model) as client:
         if args.command in ("embed", "classify", "encode"):
             options = {"truncate": args.truncate, "use_activation": False if args.no_activation else None}
@@ -48,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 values = client.encode(texts, **options)
                 output = {"data": [{"index": i, "data": v.tolist()} for i, v in enumerate(values)]}
+        elif args.command == "tokenize":
+            output = {"data": [{"index": i, "tokens": ids} for i, ids in enumerate(client.tokenize(_texts(args)))]}
         elif args.command == "score":
             scores = client.score(args.query, args.documents)
             output = {"data": [{"index": i, "score": float(s)} for i, s in enumerate(scores)]}
@@ -55,9 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             results = client.rerank(args.query, args.documents, top_n=args.top_n)
             output = {"results": [{"index": r.index, "relevance_score": r.score, "document": r.document}
                                   for r in results]}
-    json.dump({"model": args.model, **output}, sys.stdout)
-    sys.stdout.write("\n")
-    return 0
+    return output
 
 
 if __name__ == "__main__":
