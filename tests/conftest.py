@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -38,6 +41,28 @@ def start_server(repository: Path, log_file: Path, **kwargs) -> TritonServer:
         server.stop()
         raise RuntimeError(f"server failed to start; log:\n{log_file.read_text()[-4000:]}") from None
     return server
+
+
+@contextmanager
+def running_gateway(grpc_url: str, repository: Path, api_key: str | None = None):
+    """The HTTP gateway in a thread of this process (uvicorn), on a free port; yields its base URL."""
+    import uvicorn
+
+    from pooltriton.clients.gateway import create_app
+
+    port = free_port()
+    gateway = uvicorn.Server(uvicorn.Config(create_app(grpc_url, repository, api_key=api_key), host="127.0.0.1",
+                                            port=port, log_level="warning"))
+    thread = threading.Thread(target=gateway.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not gateway.started and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        gateway.should_exit = True
+        thread.join(10)
 
 
 @pytest.fixture(scope="session")

@@ -3,36 +3,20 @@
 from __future__ import annotations
 
 import base64
-import threading
-import time
 
 import httpx
 import numpy as np
 import pytest
 
-from conftest import REPOSITORY, free_port
+from conftest import REPOSITORY, running_gateway
 
 API_KEY = "test-key"
 
 
 @pytest.fixture(scope="module")
 def gateway(server):
-    import uvicorn
-
-    from pooltriton.clients.gateway import create_app
-
-    port = free_port()
-    app = create_app(server.grpc_url, REPOSITORY, api_key=API_KEY)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-    gateway_server = uvicorn.Server(config)
-    thread = threading.Thread(target=gateway_server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not gateway_server.started and time.monotonic() < deadline:
-        time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}"
-    gateway_server.should_exit = True
-    thread.join(10)
+    with running_gateway(server.grpc_url, REPOSITORY, api_key=API_KEY) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from pooltriton.activation import normalize, sigmoid, softmax
 from pooltriton.clients import PoolingClient
 from pooltriton.export.build import ExportOptions, export_model
 
-from conftest import start_server
+from conftest import running_gateway, start_server
 from corpus import varied_texts
 
 COSINE_MIN, MAX_ABS = 0.99999, 1e-5
@@ -96,7 +96,7 @@ def served(request, tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
                                            **export_options(case, folder)))
     server = start_server(repository, repository / "server.log")
     client = PoolingClient(server.grpc_url, protocol="grpc")
-    yield runtime, client
+    yield runtime, client, server, repository
     client.close()
     assert server.stop() == 0
 
@@ -157,7 +157,7 @@ def assert_matches(case: Case, served: list[np.ndarray] | np.ndarray, expected: 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_served_equals_reference(served, tiny_root: Path, case: Case) -> None:
-    _runtime, client = served
+    _runtime, client, _server, _repository = served
     folder = folder_of(tiny_root, case)
     texts = texts_for(case)
     expected = reference(case, folder, texts)
@@ -169,7 +169,7 @@ def test_served_equals_reference(served, tiny_root: Path, case: Case) -> None:
 
 
 def test_use_activation_false_returns_logits(served, tiny_root: Path) -> None:
-    _runtime, client = served
+    _runtime, client, _server, _repository = served
     case = next(c for c in CASES if c.name == "qwen2_classify")
     folder = folder_of(tiny_root, case)
     tokenizer = file_tokenizer(folder)
@@ -182,7 +182,7 @@ def test_use_activation_false_returns_logits(served, tiny_root: Path) -> None:
 
 
 def test_labels_come_back_with_probabilities(served) -> None:
-    _runtime, client = served
+    _runtime, client, _server, _repository = served
     result = client.classify(["one two three"], model="bert_classify")
     assert result.labels == ("LABEL_A", "LABEL_B", "LABEL_C")
     assert result.top()[0][0] in result.labels
@@ -193,7 +193,7 @@ def test_labels_come_back_with_probabilities(served) -> None:
 def test_cross_encoder_equals_sentence_transformers(served, tiny_root: Path) -> None:
     from sentence_transformers import CrossEncoder
 
-    _runtime, client = served
+    _runtime, client, _server, _repository = served
     case = next(c for c in CASES if c.name == "bert_cross")
     folder = folder_of(tiny_root, case)
     query = "relevant query"
@@ -219,7 +219,7 @@ def test_cross_encoder_equals_sentence_transformers(served, tiny_root: Path) -> 
 
 
 def test_late_interaction_is_maxsim(served) -> None:
-    _runtime, client = served
+    _runtime, client, _server, _repository = served
     query, documents = "one two query", varied_texts(4, seed=9, max_words=10)
     tokens = client.encode([query, *documents], model="qwen2_tokens")
     expected = [float((tokens[0] @ d.T).max(axis=1).sum()) for d in tokens[1:]]
@@ -229,7 +229,7 @@ def test_late_interaction_is_maxsim(served) -> None:
 def test_scoring_shape_mismatch_is_a_clear_error(served) -> None:
     from tritonclient.utils import InferenceServerException
 
-    _runtime, client = served
+    _runtime, client, _server, _repository = served
     with pytest.raises(InferenceServerException, match="2 queries and 3 documents"):
         client.score(["a", "b"], ["x", "y", "z"], model="bert_cross")
 
@@ -251,3 +251,24 @@ def test_last_pooling_takes_the_last_real_token_under_either_padding_side(tiny_r
         right, left = encoder(ids, mask), encoder(left_ids, left_mask)
         alone = encoder(ids[1:, :3], mask[1:, :3])
     assert torch.allclose(right, left, atol=1e-5) and torch.allclose(right[1], alone[0], atol=1e-5)
+
+
+def test_gateway_classify_and_cross_encoder_rerank(served, tiny_root: Path) -> None:
+    """The gateway's /classify and /rerank routes on classifiers (the default repository has none)."""
+    import httpx
+
+    _runtime, client, server, repository = served
+    case = next(c for c in CASES if c.name == "llama_classify")
+    texts = texts_for(case)[:4]
+    expected = reference(case, folder_of(tiny_root, case), texts)
+    with running_gateway(server.grpc_url, repository) as url:
+        body = httpx.post(f"{url}/classify", json={"model": "llama_classify", "input": texts}, timeout=60).json()
+        probabilities = np.array([d["probs"] for d in body["data"]])
+        assert np.abs(probabilities - np.array(expected)).max() <= MAX_ABS
+        assert [d["label"] for d in body["data"]] == [f"LABEL_{chr(65 + int(p.argmax()))}" for p in expected]
+        documents = ["one two", "three dog", "the river"]
+        scores = client.score("query one", documents, model="bert_cross")
+        ranked = httpx.post(f"{url}/v2/rerank", json={"model": "bert_cross", "query": "query one",
+                                                     "documents": documents}, timeout=60).json()["results"]
+        assert [r["index"] for r in ranked] == list(np.argsort(-scores, kind="stable"))
+        assert np.abs(np.array([r["relevance_score"] for r in ranked]) - np.sort(scores)[::-1]).max() <= 1e-6
