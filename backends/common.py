@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import triton_python_backend_utils as pb_utils
 
@@ -45,3 +45,27 @@ def error_response(message: str) -> Any:
 def input_array(request: Any, name: str) -> Any:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()
+
+
+class Counters:
+    """Custom Prometheus counters (Triton's metrics port), labelled with the model name.
+
+    pooltriton_tokens_total: real tokens the encoder computed on; pooltriton_padding_tokens_total:
+    padding positions it computed on as well; pooltriton_truncations_total: texts the tokenizer cut.
+    """
+
+    DESCRIPTIONS: ClassVar[dict[str, str]] = {
+        "pooltriton_tokens_total": "Real (non-padding) tokens processed",
+        "pooltriton_padding_tokens_total": "Padding positions computed by the encoder",
+        "pooltriton_truncations_total": "Texts truncated to the model's limit on request",
+    }
+
+    def __init__(self, model: str, names: tuple[str, ...]) -> None:
+        # Families must outlive their metrics: keep both.
+        self._families = {name: pb_utils.MetricFamily(name=name, description=self.DESCRIPTIONS[name],
+                                                      kind=pb_utils.MetricFamily.COUNTER) for name in names}
+        self._metrics = {name: family.Metric(labels={"model": model}) for name, family in self._families.items()}
+
+    def add(self, name: str, value: int) -> None:
+        if value:
+            self._metrics[name].increment(value)

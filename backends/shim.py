@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from pooltriton.backends.common import ModelArgs, input_array
+from pooltriton.backends.common import Counters, ModelArgs, input_array
 from pooltriton.backends.ragged import RaggedStats, run_ragged
 
 
@@ -35,6 +35,7 @@ class EncoderShim:
         self.per_token = {t["name"] for t in model.config["output"] if len(t["dims"]) >= 2}
         self.pad_values = {"input_ids": int(model.parameter("pad_token_id", 0))}
         self.stats = RaggedStats()
+        self.counters = Counters(model.name, ("pooltriton_tokens_total", "pooltriton_padding_tokens_total"))
         self.load(model.version_dir / filename, int(model.parameter("intra_op_thread_count", 0)))
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -42,7 +43,11 @@ class EncoderShim:
 
     def execute(self, requests: list) -> list:
         batch = [{name: input_array(request, name) for name in self.input_names} for request in requests]
+        real, computed = self.stats.real_tokens, self.stats.computed_tokens
         outputs = run_ragged(batch, self._run, self.per_token, self.pad_values, self.stats)
+        real = self.stats.real_tokens - real
+        self.counters.add("pooltriton_tokens_total", real)
+        self.counters.add("pooltriton_padding_tokens_total", self.stats.computed_tokens - computed - real)
         return [
             pb_utils.InferenceResponse([pb_utils.Tensor(name, np.ascontiguousarray(v)) for name, v in out.items()])
             for out in outputs

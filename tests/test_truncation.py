@@ -33,3 +33,21 @@ def test_end_and_start_differ(client) -> None:
 def test_invalid_truncate_value(client) -> None:
     with pytest.raises(InferenceServerException, match="invalid truncate value"):
         client.embed(["hello"], truncate="MIDDLE")
+
+
+def test_custom_metrics_count_tokens_padding_and_truncations(server, http_client) -> None:
+    import re
+    import urllib.request
+
+    http_client.embed([LONG], truncate="END")
+    http_client.embed(["short", "a somewhat longer text here"])
+    text = urllib.request.urlopen(f"http://localhost:{server.metrics_port}/metrics").read().decode()
+
+    def value(name: str, model: str) -> float:
+        match = re.search(rf'^{name}{{model="{model}"}} ([0-9.e+]+)$', text, re.MULTILINE)
+        assert match, f"{name} for {model} missing"
+        return float(match.group(1))
+
+    assert value("pooltriton_truncations_total", "minilm_tokenizer") >= 1
+    assert value("pooltriton_tokens_total", "minilm_encoder") >= 256
+    assert value("pooltriton_padding_tokens_total", "minilm_encoder") >= 0

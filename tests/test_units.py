@@ -79,6 +79,7 @@ def test_plan_chunks_sorts_and_respects_budget() -> None:
     assert sorted(np.concatenate(chunks).tolist()) == list(range(6))
     for chunk in chunks:
         assert len(chunk) * lengths[chunk].max() <= 600 or len(chunk) == 1
+        assert lengths[chunk].min() >= 0.8 * lengths[chunk].max()
 
 
 def test_run_ragged_equals_one_by_one() -> None:

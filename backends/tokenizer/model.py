@@ -11,7 +11,7 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from pooltriton.backends.common import ModelArgs, error_response, input_array, request_parameters
+from pooltriton.backends.common import Counters, ModelArgs, error_response, input_array, request_parameters
 from pooltriton.semantics import Truncation
 from pooltriton.tokenization import InputError, TextTokenizer, decode_texts
 
@@ -26,6 +26,7 @@ class TritonPythonModel:
         )
         self.outputs: list[str] = model.parameter("outputs", ["input_ids", "attention_mask"])
         self.buckets: list[int] | None = model.parameter("pad_to_buckets")
+        self.counters = Counters(model.name, ("pooltriton_truncations_total",))
 
     def execute(self, requests: list) -> list:
         parsed: list[tuple[list[str], list[str] | None, Truncation] | InputError] = []
@@ -48,7 +49,8 @@ class TritonPythonModel:
             if isinstance(result, InputError):
                 responses.append(error_response(str(result)))
                 continue
-            encodings, _truncated = result
+            encodings, truncated = result
+            self.counters.add("pooltriton_truncations_total", truncated)
             responses.append(self._response(encodings))
         return responses
 
