@@ -168,16 +168,20 @@ class Options(BaseModel):
     """Options every route shares (vLLM's names)."""
 
     model: str | None = None
-    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, le=1_000_000)
     truncation_side: Literal["left", "right"] | None = None
     use_activation: bool | None = None
     priority: int = Field(0, ge=-1000, le=1000)
     user: str | None = None
 
     def parameters(self) -> dict[str, Any]:
+        """vLLM: truncate_prompt_tokens k keeps the last k tokens (left side unless truncation_side
+        says right); -1 means the model's own limit."""
         parameters: dict[str, Any] = {}
         if self.truncate_prompt_tokens is not None:
-            parameters["truncate"] = "START" if self.truncation_side == "left" else "END"
+            parameters["truncate"] = "END" if self.truncation_side == "right" else "START"
+            if self.truncate_prompt_tokens > 0:
+                parameters["max_tokens"] = self.truncate_prompt_tokens
         if self.use_activation is not None:
             parameters["use_activation"] = self.use_activation
         return parameters
@@ -485,7 +489,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--api-key", default=os.environ.get("POOLTRITON_API_KEY"),
                         help="require 'Authorization: Bearer KEY' on every route but /health")
+    parser.add_argument("--write-openapi", metavar="FILE", help="write the OpenAPI document and exit")
     args = parser.parse_args(argv)
+    if args.write_openapi:
+        document = create_app(args.triton).openapi()
+        Path(args.write_openapi).write_text(json.dumps(document, indent=2) + "\n")
+        return 0
     repository = Path(args.repository) if args.repository and Path(args.repository).is_dir() else None
     uvicorn.run(create_app(args.triton, repository, args.api_key), host=args.host, port=args.port, log_level="info")
     return 0

@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     _model_args(export)
     export.add_argument("--name", required=True, help="public ensemble name (stages get suffixes)")
     export.add_argument("--out", default="model_repository", help="model repository folder")
+    export.add_argument("--matryoshka-dimensions", type=lambda t: tuple(int(x) for x in t.split(",")), default=(),
+                        metavar="D,D", help="embedding sizes clients may ask for (truncated, re-normalised)")
     export.add_argument("--runtime", choices=["onnx", "torchscript"], default="onnx",
                         help="encoder format: ONNX (backend onnxruntime) or TorchScript (backend pytorch)")
     export.add_argument("--batching", choices=["ragged", "buckets"], default="ragged",
@@ -84,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             name=args.name, out=Path(args.out), task=args.task, pooling_type=args.pooling_type,
             use_activation=args.use_activation, max_length=args.max_length, step_tag_id=args.step_tag_id,
             returned_token_ids=args.returned_token_ids, convert=args.convert, runtime=args.runtime,
+            matryoshka_dimensions=args.matryoshka_dimensions,
             batching=args.batching, encoder_threads=args.encoder_threads,
         )
         try:

@@ -45,30 +45,42 @@ class TextTokenizer:
         self._plain = Tokenizer.from_file(tokenizer_file)
         self._plain.no_padding()
         self._plain.no_truncation()
-        # Separate instances with truncation preset: no per-call mutation of shared state.
-        self._cut = {side: self._with_truncation(tokenizer_file, side) for side in (Truncation.END, Truncation.START)}
+        self._file = tokenizer_file
+        # Separate instances with truncation preset (made on first use, per side and length): no
+        # per-call mutation of shared state.
+        self._cutters: dict[tuple[Truncation, int], Tokenizer] = {}
         padding = Tokenizer.from_file(tokenizer_file).padding
         self.pad_token_id = pad_token_id if pad_token_id is not None else (padding or {}).get("pad_id", 0)
 
-    def _with_truncation(self, tokenizer_file: str, side: Truncation) -> Tokenizer:
-        tokenizer = Tokenizer.from_file(tokenizer_file)
-        tokenizer.no_padding()
-        direction = "right" if side is Truncation.END else "left"
-        tokenizer.enable_truncation(self.max_length, direction=direction)
-        return tokenizer
+    def _cutter(self, side: Truncation, length: int) -> Tokenizer:
+        if (side, length) not in self._cutters:
+            tokenizer = Tokenizer.from_file(self._file)
+            tokenizer.no_padding()
+            tokenizer.enable_truncation(length, direction="right" if side is Truncation.END else "left")
+            self._cutters[(side, length)] = tokenizer
+        return self._cutters[(side, length)]
+
+    def limit(self, max_tokens: object) -> int:
+        """A request's own token limit (vLLM's truncate_prompt_tokens): at most the model's; -1 or
+        None means the model's."""
+        if max_tokens is None or max_tokens == -1:
+            return self.max_length
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise InputError(f"max_tokens must be a positive integer or -1, got {max_tokens!r}")
+        return min(max_tokens, self.max_length)
 
     def encode(
         self, texts: list[str], truncation: Truncation = Truncation.NONE, pairs: list[str] | None = None
     ) -> tuple[list[Encoding], int]:
         """Encode one request's texts (or text pairs); over-length input raises InputError unless
         truncation is asked."""
-        result = self.encode_requests([(texts, pairs, truncation)])[0]
+        result = self.encode_requests([(texts, pairs, truncation, self.max_length)])[0]
         if isinstance(result, InputError):
             raise result
         return result
 
     def encode_requests(
-        self, requests: list[tuple[list[str], list[str] | None, Truncation]]
+        self, requests: list[tuple[list[str], list[str] | None, Truncation, int]]
     ) -> list[tuple[list[Encoding], int] | InputError]:
         """Encode many requests with one `encode_batch` call per kind (single texts, pairs); the Rust
         side runs each call in parallel.
@@ -76,27 +88,30 @@ class TextTokenizer:
         Each request gets its encodings and its truncation count, or the InputError that rejects it
         alone: one bad request in a dynamic batch does not fail the others.
         """
-        checked = [_check_texts(texts, pairs) for texts, pairs, _ in requests]
-        singles = [t for (texts, pairs, _), e in zip(requests, checked) if e is None and pairs is None for t in texts]
+        checked = [_check_texts(texts, pairs) for texts, pairs, _, _ in requests]
+        singles = [t for (texts, pairs, _, _), e in zip(requests, checked) if e is None and pairs is None
+                   for t in texts]
         doubles = [
-            pair for (texts, pairs, _), e in zip(requests, checked) if e is None and pairs is not None
+            pair for (texts, pairs, _, _), e in zip(requests, checked) if e is None and pairs is not None
             for pair in zip(texts, pairs)
         ]
         encoded = {False: iter(self._plain.encode_batch(singles) if singles else []),
                    True: iter(self._plain.encode_batch(doubles) if doubles else [])}
         results: list[tuple[list[Encoding], int] | InputError] = []
-        for (texts, pairs, truncation), error in zip(requests, checked):
+        for (texts, pairs, truncation, limit), error in zip(requests, checked):
             if error is not None:
                 results.append(error)
                 continue
             source = encoded[pairs is not None]
             own = [next(source) for _ in texts]
             inputs = texts if pairs is None else list(zip(texts, pairs))
-            results.append(self._limit(inputs, own, truncation))
+            results.append(self._limit(inputs, own, truncation, limit))
         return results
 
-    def encode_ids(self, rows: list[list[int]], truncation: Truncation) -> tuple[list[TokenIds], int]:
+    def encode_ids(self, rows: list[list[int]], truncation: Truncation,
+                   limit: int | None = None) -> tuple[list[TokenIds], int]:
         """Pre-tokenised input (OpenAI's token-id `input`): used as given, no special tokens added."""
+        limit = limit or self.max_length
         if not rows:
             raise InputError("empty batch: send at least one input")
         vocab = self._plain.get_vocab_size(with_added_tokens=True)
@@ -106,29 +121,29 @@ class TextTokenizer:
                 raise InputError(f"input {index} has no token ids")
             if not all(isinstance(i, int) and 0 <= i < vocab for i in ids):
                 raise InputError(f"input {index}: token ids must be integers in [0, {vocab})")
-            if len(ids) > self.max_length:
+            if len(ids) > limit:
                 if truncation is Truncation.NONE:
                     raise InputError(f"input {index} has {len(ids)} tokens, more than this model's limit of "
-                                     f"{self.max_length} tokens; pass truncation to cut it")
-                ids = ids[: self.max_length] if truncation is Truncation.END else ids[-self.max_length :]
+                                     f"{limit} tokens; pass truncation to cut it")
+                ids = ids[:limit] if truncation is Truncation.END else ids[-limit:]
                 truncated += 1
             out.append(TokenIds(list(ids), [0] * len(ids)))
         return out, truncated
 
     def _limit(
-        self, inputs: list, encodings: list[Encoding], truncation: Truncation
+        self, inputs: list, encodings: list[Encoding], truncation: Truncation, limit: int
     ) -> tuple[list[Encoding], int] | InputError:
-        too_long = [i for i, e in enumerate(encodings) if len(e.ids) > self.max_length]
+        too_long = [i for i, e in enumerate(encodings) if len(e.ids) > limit]
         if not too_long:
             return encodings, 0
         if truncation is Truncation.NONE:
             first = too_long[0]
             return InputError(
                 f"text {first} has {len(encodings[first].ids)} tokens, more than this model's limit of "
-                f"{self.max_length} tokens ({len(too_long)} text(s) too long); shorten it or pass the "
+                f"{limit} tokens ({len(too_long)} text(s) too long); shorten it or pass the "
                 'request parameter "truncate": "END" (or "START") to truncate'
             )
-        cut = self._cut[truncation].encode_batch([inputs[i] for i in too_long])
+        cut = self._cutter(truncation, limit).encode_batch([inputs[i] for i in too_long])
         for index, encoding in zip(too_long, cut):
             encodings[index] = encoding
         return encodings, len(too_long)

@@ -48,6 +48,7 @@ class ExportOptions:
     step_tag_id: int | None = None
     returned_token_ids: tuple[int, ...] | None = None
     convert: str | None = None
+    matryoshka_dimensions: tuple[int, ...] = ()  # sizes the embedding may be cut to (then re-normalised)
     runtime: str = "onnx"  # or "torchscript"
     batching: str = "ragged"  # or "buckets"
     encoder_threads: int = 2
@@ -189,7 +190,11 @@ def pipeline_configs(
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0),
         parameters=pooler_params,
     )
-    ensemble_params = {"task": config.task.value}
+    ensemble_params: dict = {"task": config.task.value}
+    if options.matryoshka_dimensions:
+        if not config.task.is_embedding or any(not 0 < d < width for d in options.matryoshka_dimensions):
+            raise ResolutionError(f"Matryoshka dimensions must be below the embedding width {width}, for embed tasks")
+        ensemble_params["matryoshka_dimensions"] = sorted(options.matryoshka_dimensions)
     if config.labels:
         ensemble_params["labels"] = list(config.labels)
     ensemble = ModelConfig(

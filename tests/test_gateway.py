@@ -113,11 +113,21 @@ def test_errors_have_the_openai_shape(http, path, payload, status, message) -> N
     assert message in error["message"] and error["code"] == status and error["type"]
 
 
-def test_truncation_options(http, http_client) -> None:
-    long = "word " * 400
-    body = http.post("/v1/embeddings", json={"model": "minilm", "input": long, "truncate_prompt_tokens": -1}).json()
-    expected = http_client.embed([long], truncate="END")[0]
-    assert np.abs(np.array(body["data"][0]["embedding"]) - expected).max() <= 1e-6
+@pytest.mark.parametrize(("tokens", "side"), [(-1, None), (-1, "right"), (10, None), (10, "right"), (300, "left")])
+def test_truncate_prompt_tokens(http, minilm_st, tokens, side) -> None:
+    """vLLM's option: keep the last k tokens (left truncation) unless truncation_side is right."""
+    long = " ".join(f"w{i}" for i in range(400))
+    payload = {"model": "minilm", "input": long, "truncate_prompt_tokens": tokens}
+    if side:
+        payload["truncation_side"] = side
+    body = http.post("/v1/embeddings", json=payload).json()
+    limit = 256 if tokens == -1 else min(tokens, 256)
+    minilm_st.max_seq_length, minilm_st.tokenizer.truncation_side = limit, side or "left"
+    try:
+        expected = minilm_st.encode([long], normalize_embeddings=True)[0]
+    finally:
+        minilm_st.max_seq_length, minilm_st.tokenizer.truncation_side = 256, "right"
+    assert np.abs(np.array(body["data"][0]["embedding"]) - expected).max() <= 1e-5
 
 
 def test_bad_json_missing_key_and_too_large(gateway, http) -> None:
@@ -181,3 +191,22 @@ def test_no_server_errors_for_arbitrary_json(http) -> None:
             assert "error" in response.json()
 
     check()
+
+
+def test_triton_unavailable_is_503(tmp_path) -> None:
+    from conftest import free_port
+
+    with running_gateway(f"localhost:{free_port()}", REPOSITORY) as url:
+        assert httpx.get(f"{url}/health").status_code == 503
+        response = httpx.post(f"{url}/v1/embeddings", json={"model": "minilm", "input": "x"})
+        assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable"
+
+
+def test_committed_openapi_document_is_current(http) -> None:
+    """docs/openapi.json is the gateway's published contract: regenerate it when routes change
+    (python -m pooltriton.clients.gateway --write-openapi docs/openapi.json)."""
+    import json
+    from pathlib import Path
+
+    committed = json.loads((Path(__file__).resolve().parent.parent / "docs" / "openapi.json").read_text())
+    assert committed == http.get("/openapi.json").json()

@@ -44,7 +44,7 @@ class Case:
 
 
 CASES = [
-    Case("bert_cls", "bert", "embed", "CLS"),
+    Case("bert_cls", "bert", "embed", "CLS", options={"matryoshka_dimensions": (16,)}),
     Case("bert_mean", "bert", "embed", "sentence-transformers", st_pooling="mean_tokens"),
     Case("xlmr_embed", "xlmr", "embed", "CLS"),
     Case("distilbert_embed", "distilbert", "embed", "CLS"),
@@ -272,3 +272,12 @@ def test_gateway_classify_and_cross_encoder_rerank(served, tiny_root: Path) -> N
                                                      "documents": documents}, timeout=60).json()["results"]
         assert [r["index"] for r in ranked] == list(np.argsort(-scores, kind="stable"))
         assert np.abs(np.array([r["relevance_score"] for r in ranked]) - np.sort(scores)[::-1]).max() <= 1e-6
+        # Matryoshka: a model exported with --matryoshka-dimensions 16 cuts and re-normalises.
+        bert = next(c for c in CASES if c.name == "bert_cls")
+        full = np.array(reference(bert, folder_of(tiny_root, bert), texts))
+        body = httpx.post(f"{url}/v1/embeddings", json={"model": "bert_cls", "input": texts, "dimensions": 16},
+                          timeout=60).json()
+        np.testing.assert_allclose(np.array([d["embedding"] for d in body["data"]]), normalize(full[:, :16]),
+                                   atol=1e-5)
+        refused = httpx.post(f"{url}/v1/embeddings", json={"model": "bert_cls", "input": texts, "dimensions": 8})
+        assert refused.status_code == 400 and "only [16]" in refused.json()["error"]["message"]

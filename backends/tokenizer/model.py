@@ -1,7 +1,8 @@
 """Tokenizer stage: TEXT (BYTES [n, 1]) and optional TEXT_PAIR -> input_ids, attention_mask, token_type_ids.
 
 Each request is padded to its own longest text (or to a bucket length); the encoder batches the
-ragged results. Per-request parameter "truncate": NONE (default: reject over-length), END, START.
+ragged results. Per-request parameters: "truncate": NONE (default: reject over-length), END, START;
+"max_tokens": a lower limit than the model's (vLLM's truncate_prompt_tokens).
 """
 
 from __future__ import annotations
@@ -29,14 +30,16 @@ class TritonPythonModel:
         self.counters = Counters(model.name, ("pooltriton_truncations_total",))
 
     def execute(self, requests: list) -> list:
-        parsed: list[tuple[list[str], list[str] | None, Truncation] | InputError] = []
+        parsed: list[tuple[list[str], list[str] | None, Truncation, int] | InputError] = []
         for request in requests:
             try:
                 texts = decode_texts(input_array(request, "TEXT"))
                 pair_array = input_array(request, "TEXT_PAIR")
                 pairs = decode_texts(pair_array) if pair_array is not None else None
-                truncation = Truncation.parse(request_parameters(request).get("truncate"))
-                parsed.append((texts, pairs, truncation))
+                parameters = request_parameters(request)
+                truncation = Truncation.parse(parameters.get("truncate"))
+                limit = self.tokenizer.limit(parameters.get("max_tokens"))
+                parsed.append((texts, pairs, truncation, limit))
             except (InputError, ValueError) as error:
                 parsed.append(InputError(str(error)))
         good = [p for p in parsed if not isinstance(p, InputError)]
@@ -66,14 +69,18 @@ class TritonPythonModel:
             parameters = request_parameters(request)
             try:
                 truncation = Truncation.parse(parameters.get("truncate"))
+                limit = self.tokenizer.limit(parameters.get("max_tokens"))
                 texts = decode_texts(input_array(request, "TEXT"))
                 if parameters.get("input_format") == "token_ids":
                     rows = [json.loads(text) for text in texts]
                     if not all(isinstance(row, list) for row in rows):
                         raise InputError("token_ids input: every TEXT item must be a JSON list of integers")
-                    encodings, _ = self.tokenizer.encode_ids(rows, truncation)
+                    encodings, _ = self.tokenizer.encode_ids(rows, truncation, limit)
                 else:
-                    encodings, _ = self.tokenizer.encode(texts, truncation)
+                    result = self.tokenizer.encode_requests([(texts, None, truncation, limit)])[0]
+                    if isinstance(result, InputError):
+                        raise result
+                    encodings = result[0]
                 responses.append(self._response(encodings))
             except (InputError, ValueError) as error:
                 responses.append(error_response(str(error)))
