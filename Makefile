@@ -14,7 +14,7 @@ GATEWAY_PORT ?= 8080
 # pip's notes about this machine's local wheel mirror are noise.
 QUIET_PIP := { grep -v '^WARNING: Location' || true; }
 
-.PHONY: setup serve test lint clean
+.PHONY: setup serve test bench lint clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,9 @@ serve: setup
 
 test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m pooltriton.clients.bench --out bench_results
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
