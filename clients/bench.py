@@ -78,7 +78,7 @@ class Baseline:
 
     def throughput(self, texts: list[str], batch: int = 32, sort: bool = True) -> dict:
         started = time.perf_counter()
-        lengths = [len(e.ids) for e in self.tokenizer._plain.encode_batch(texts)]
+        lengths = self.tokenizer.lengths(texts)
         order = sorted(range(len(texts)), key=lambda i: lengths[i]) if sort else list(range(len(texts)))
         computed = 0
         for start in range(0, len(order), batch):
@@ -222,8 +222,8 @@ def run(repository: Path, out: Path, count: int, concurrencies: list[int], grpc_
         texts, shorts = corpus(count), short_corpus(count)
         baseline = Baseline(repository)
         baseline.embed(texts[:8])  # warm-up
-        real_tokens = sum(len(e.ids) for e in baseline.tokenizer._plain.encode_batch(texts))
-        short_tokens = sum(len(e.ids) for e in baseline.tokenizer._plain.encode_batch(shorts))
+        real_tokens = sum(baseline.tokenizer.lengths(texts))
+        short_tokens = sum(baseline.tokenizer.lengths(shorts))
         results: dict = {"corpus": {"texts": count, "real_tokens": real_tokens, "short_real_tokens": short_tokens}}
         results["baseline_sorted"] = baseline.throughput(texts, sort=True)
         results["baseline_corpus_order"] = baseline.throughput(texts, sort=False)

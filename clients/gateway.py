@@ -259,7 +259,7 @@ def triton_priority(priority: int) -> int:
 def count_tokens(model: ServedModel, texts: list[str]) -> int:
     if model.tokenizer is None:
         return 0
-    return sum(len(e.ids) for e in model.tokenizer._plain.encode_batch(texts))
+    return sum(model.tokenizer.lengths(texts))
 
 
 def matryoshka(model: ServedModel, vectors: np.ndarray, dimensions: int | None, field: str) -> np.ndarray:
@@ -445,13 +445,17 @@ def create_app(triton_url: str, repository: Path | None = None, api_key: str | N
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
         model = await served(body.model)
-        encoding = tokenizer_of(model)._plain.encode(body.prompt, add_special_tokens=body.add_special_tokens)
-        return {"tokens": encoding.ids, "count": len(encoding.ids), "max_model_len": model.max_length}
+        ids = tokenizer_of(model).ids(body.prompt, add_special_tokens=body.add_special_tokens)
+        return {"tokens": ids, "count": len(ids), "max_model_len": model.max_length}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
         model = await served(body.model)
-        return {"prompt": tokenizer_of(model)._plain.decode(body.tokens)}
+        tokenizer = tokenizer_of(model)
+        vocab = tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in body.tokens):
+            raise APIError(400, f"tokens must be ids in [0, {vocab})", "tokens")
+        return {"prompt": tokenizer.decode(body.tokens)}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics():

@@ -60,6 +60,20 @@ class TextTokenizer:
             self._cutters[(side, length)] = tokenizer
         return self._cutters[(side, length)]
 
+    def lengths(self, texts: list[str]) -> list[int]:
+        """Untruncated token counts (special tokens included), e.g. for usage accounting."""
+        return [len(e.ids) for e in self._plain.encode_batch(texts)] if texts else []
+
+    def ids(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._plain.encode(text, add_special_tokens=add_special_tokens).ids
+
+    @property
+    def vocab_size(self) -> int:
+        return self._plain.get_vocab_size(with_added_tokens=True)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._plain.decode(ids)
+
     def limit(self, max_tokens: object) -> int:
         """A request's own token limit (vLLM's truncate_prompt_tokens): at most the model's; -1 or
         None means the model's."""
@@ -114,7 +128,7 @@ class TextTokenizer:
         limit = limit or self.max_length
         if not rows:
             raise InputError("empty batch: send at least one input")
-        vocab = self._plain.get_vocab_size(with_added_tokens=True)
+        vocab = self.vocab_size
         out, truncated = [], 0
         for index, ids in enumerate(rows):
             if not ids:

@@ -105,6 +105,7 @@ def test_models_health_metrics(gateway, http) -> None:
     ("/v1/embeddings", {"model": "minilm", "input": [""]}, 400, "is empty"),
     ("/score", {"model": "rampart", "text_1": "a", "text_2": "b"}, 400, "cannot score"),
     ("/classify", {"model": "minilm", "input": "x"}, 400, "not classify"),
+    ("/detokenize", {"model": "minilm", "tokens": [-1, 10**9]}, 400, "tokens must be ids"),
 ])
 def test_errors_have_the_openai_shape(http, path, payload, status, message) -> None:
     response = http.post(path, json=payload)
