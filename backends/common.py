@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from pooltriton.repository import read_parameters
@@ -40,6 +41,21 @@ def request_parameters(request: Any) -> dict[str, Any]:
 def error_response(message: str) -> Any:
     """A client error (HTTP 400 / gRPC INVALID_ARGUMENT) for this request only."""
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG))
+
+
+def call_model(model: str, inputs: dict[str, list[str]], outputs: list[str],
+               parameters: dict[str, Any]) -> dict[str, Any]:
+    """BLS: send texts ([n, 1] BYTES per input) to another model of this server and read its outputs.
+    An error from it (bad input, over-length, ...) becomes an InputError for the caller's request."""
+    from pooltriton.tokenization import InputError
+
+    tensors = [pb_utils.Tensor(name, np.array([t.encode() for t in texts], dtype=np.object_).reshape(-1, 1))
+               for name, texts in inputs.items()]
+    response = pb_utils.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=outputs,
+                                         parameters=parameters).exec()
+    if response.has_error():
+        raise InputError(response.error().message())
+    return {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in outputs}
 
 
 def input_array(request: Any, name: str) -> Any:

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from pooltriton.backends.common import ModelArgs, error_response, input_array, request_parameters
+from pooltriton.backends.common import ModelArgs, call_model, error_response, input_array, request_parameters
 from pooltriton.plugins import get_plugin
 from pooltriton.tokenization import InputError, decode_texts
 
@@ -21,14 +21,9 @@ class TritonPythonModel:
         self.outputs: list[str] = model.parameter("outputs")
 
     def _call(self, texts: list[str], parameters: dict) -> dict[str, np.ndarray]:
-        tensor = pb_utils.Tensor("TEXT", np.array([t.encode() for t in texts], dtype=np.object_).reshape(-1, 1))
         # The wrapped model sees only the parameters it understands.
         passed = {k: v for k, v in parameters.items() if k in ("truncate", "use_activation")}
-        response = pb_utils.InferenceRequest(model_name=self.target, inputs=[tensor],
-                                             requested_output_names=self.outputs, parameters=passed).exec()
-        if response.has_error():
-            raise InputError(response.error().message())
-        return {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in self.outputs}
+        return call_model(self.target, {"TEXT": texts}, self.outputs, passed)
 
     def execute(self, requests: list) -> list:
         responses = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from pooltriton.backends.common import ModelArgs, error_response, input_array, request_parameters
+from pooltriton.backends.common import ModelArgs, call_model, error_response, input_array, request_parameters
 from pooltriton.scoring import cosine, maxsim, pair_up, split_tokens
 from pooltriton.tokenization import InputError, decode_texts
 
@@ -23,15 +23,8 @@ class TritonPythonModel:
         self.output: str = model.parameter("output")
 
     def _call(self, parameters: dict, **inputs: list[str]) -> dict[str, np.ndarray]:
-        tensors = [pb_utils.Tensor(name, np.array([t.encode() for t in texts], dtype=np.object_).reshape(-1, 1))
-                   for name, texts in inputs.items()]
         outputs = [self.output] + (["TOKEN_COUNTS"] if self.mode == "late-interaction" else [])
-        request = pb_utils.InferenceRequest(model_name=self.target, inputs=tensors,
-                                            requested_output_names=outputs, parameters=parameters)
-        response = request.exec()
-        if response.has_error():
-            raise InputError(response.error().message())
-        return {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in outputs}
+        return call_model(self.target, inputs, outputs, parameters)
 
     def score(self, queries: list[str], documents: list[str], parameters: dict) -> np.ndarray:
         owner = pair_up(len(queries), len(documents))

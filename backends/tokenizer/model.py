@@ -30,25 +30,27 @@ class TritonPythonModel:
         self.counters = Counters(model.name, ("pooltriton_truncations_total",))
 
     def execute(self, requests: list) -> list:
-        parsed: list[tuple[list[str], list[str] | None, Truncation, int] | InputError] = []
+        # Per request: an InputError, finished encodings (token-id input), or texts to encode; all text
+        # requests then share one encode_batch call.
+        parsed: list = []
         for request in requests:
             try:
-                texts = decode_texts(input_array(request, "TEXT"))
-                pair_array = input_array(request, "TEXT_PAIR")
-                pairs = decode_texts(pair_array) if pair_array is not None else None
                 parameters = request_parameters(request)
+                texts = decode_texts(input_array(request, "TEXT"))
                 truncation = Truncation.parse(parameters.get("truncate"))
                 limit = self.tokenizer.limit(parameters.get("max_tokens"))
-                parsed.append((texts, pairs, truncation, limit))
+                if parameters.get("input_format") == "token_ids":
+                    parsed.append(self.tokenizer.encode_ids(_id_rows(texts), truncation, limit))
+                    continue
+                pair_array = input_array(request, "TEXT_PAIR")
+                pairs = decode_texts(pair_array) if pair_array is not None else None
+                parsed.append([texts, pairs, truncation, limit])
             except (InputError, ValueError) as error:
                 parsed.append(InputError(str(error)))
-        good = [p for p in parsed if not isinstance(p, InputError)]
-        if any(request_parameters(r).get("input_format") == "token_ids" for r in requests):
-            return self._execute_ids(requests)
-        encoded = iter(self.tokenizer.encode_requests(good))
+        encoded = iter(self.tokenizer.encode_requests([tuple(p) for p in parsed if isinstance(p, list)]))
         responses = []
         for item in parsed:
-            result = item if isinstance(item, InputError) else next(encoded)
+            result = next(encoded) if isinstance(item, list) else item
             if isinstance(result, InputError):
                 responses.append(error_response(str(result)))
                 continue
@@ -62,26 +64,10 @@ class TritonPythonModel:
         arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
         return pb_utils.InferenceResponse([pb_utils.Tensor(n, np.ascontiguousarray(arrays[n])) for n in self.outputs])
 
-    def _execute_ids(self, requests: list) -> list:
-        """Requests with parameter input_format=token_ids carry JSON lists of ids in TEXT (rare path)."""
-        responses = []
-        for request in requests:
-            parameters = request_parameters(request)
-            try:
-                truncation = Truncation.parse(parameters.get("truncate"))
-                limit = self.tokenizer.limit(parameters.get("max_tokens"))
-                texts = decode_texts(input_array(request, "TEXT"))
-                if parameters.get("input_format") == "token_ids":
-                    rows = [json.loads(text) for text in texts]
-                    if not all(isinstance(row, list) for row in rows):
-                        raise InputError("token_ids input: every TEXT item must be a JSON list of integers")
-                    encodings, _ = self.tokenizer.encode_ids(rows, truncation, limit)
-                else:
-                    result = self.tokenizer.encode_requests([(texts, None, truncation, limit)])[0]
-                    if isinstance(result, InputError):
-                        raise result
-                    encodings = result[0]
-                responses.append(self._response(encodings))
-            except (InputError, ValueError) as error:
-                responses.append(error_response(str(error)))
-        return responses
+
+def _id_rows(texts: list[str]) -> list[list[int]]:
+    """Token-id input (input_format=token_ids): each TEXT item is a JSON list of integers."""
+    rows = [json.loads(text) for text in texts]
+    if not all(isinstance(row, list) for row in rows):
+        raise InputError("token_ids input: every TEXT item must be a JSON list of integers")
+    return rows
