@@ -14,7 +14,7 @@ GATEWAY_PORT ?= 8080
 # pip's notes about this machine's local wheel mirror are noise.
 QUIET_PIP := { grep -v '^WARNING: Location' || true; }
 
-.PHONY: setup serve test bench lint clean
+.PHONY: setup serve test bench bench-gpu wheelhouse lint clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,21 @@ test: setup lint
 
 bench: setup
 	$(PY) -m pooltriton.clients.bench --out bench_results
+
+# On a machine with one NVIDIA GPU and torch (CUDA), onnx, onnxruntime, transformers, tokenizers:
+# `scripts/gpu_bench.sh MODEL_DIR wheelhouse` (no internet needed). Here it runs on the CPU.
+bench-gpu: setup
+	PYTHON=$(PY) scripts/gpu_bench.sh
+
+# The wheels such a GPU machine lacks (no dependencies pulled: the rest is there): ~62 MiB.
+# WITH_NUMPY=1 adds numpy 1.26 (18 MB) for machines whose numpy is 2.x (the Triton stub needs < 2).
+GPU_PYTHON_VERSION ?= 3.11
+WHEELHOUSE_WHEELS := nvidia-pytriton==0.7.0 tritonclient==2.73.0 grpcio==1.85.3 python-rapidjson==1.25 \
+	protobuf==6.33.6 $(if $(WITH_NUMPY),numpy==1.26.4)
+wheelhouse: $(VENV)/.installed
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PYTHON_VERSION) -d wheelhouse \
+		$(WHEELHOUSE_WHEELS) 2>&1 | $(QUIET_PIP)
+	du -ch wheelhouse/*.whl | tail -1
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

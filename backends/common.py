@@ -20,6 +20,9 @@ class ModelArgs:
         self.parameters = read_parameters(self.config)
         self.name: str = args["model_name"]
         self.version_dir = Path(args["model_repository"]) / args["model_version"]
+        # KIND_GPU instances get their GPU here (as the native backends do); everything else runs on CPU.
+        gpu = args.get("model_instance_kind") == "GPU"
+        self.device = f"cuda:{args.get('model_instance_device_id', 0)}" if gpu else "cpu"
 
     def parameter(self, key: str, default: Any = None) -> Any:
         """Parameters are strings in config.pbtxt; JSON-decode the ones that hold JSON."""

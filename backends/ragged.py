@@ -47,14 +47,25 @@ def plan_chunks(lengths: np.ndarray, token_budget: int = TOKEN_BUDGET, max_rows:
     return chunks
 
 
+Feeds = dict[str, np.ndarray]
+RunChunks = Callable[[list[Feeds]], list[dict[str, np.ndarray]]]
+
+
+def sequentially(run: Callable[[Feeds], dict[str, np.ndarray]]) -> RunChunks:
+    """A run_chunks for a runtime that takes one chunk at a time."""
+    return lambda chunks: [run(feeds) for feeds in chunks]
+
+
 def run_ragged(
     requests: list[dict[str, np.ndarray]],
-    run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+    run_chunks: RunChunks,
     per_token_outputs: set[str],
     pad_values: dict[str, int],
     stats: RaggedStats | None = None,
+    token_budget: int = TOKEN_BUDGET,
 ) -> list[dict[str, np.ndarray]]:
-    """`requests[i][name]` is [n_i, L_i]; returns per request {output: [n_i, ...]}.
+    """`requests[i][name]` is [n_i, L_i]; returns per request {output: [n_i, ...]}. `run_chunks` gets
+    every chunk of the batch at once, so a runtime with several streams can run them concurrently.
 
     Token-level outputs come back as [n_i, L_i, ...] (the request's own width, padding rows zero).
     """
@@ -73,7 +84,9 @@ def run_ragged(
         widths.append(width)
     lengths_arr = np.asarray(lengths)
     results: list[dict[str, np.ndarray] | None] = [None] * len(owner)
-    for chunk in plan_chunks(lengths_arr):
+    chunks = plan_chunks(lengths_arr, token_budget)
+    all_feeds = []
+    for chunk in chunks:
         width = max(int(lengths_arr[chunk].max()), 1)
         feeds = {}
         for name in names:
@@ -82,10 +95,11 @@ def run_ragged(
                 n = min(lengths[row], width)
                 batch[slot, :n] = row_arrays[name][row][:n]
             feeds[name] = batch
-        outputs = run(feeds)
+        all_feeds.append(feeds)
+    for chunk, feeds, outputs in zip(chunks, all_feeds, run_chunks(all_feeds)):
         if stats is not None:
             stats.real_tokens += int(lengths_arr[chunk].sum())
-            stats.computed_tokens += len(chunk) * width
+            stats.computed_tokens += int(feeds[names[0]].size)
             stats.calls += 1
         for slot, row in enumerate(chunk):
             results[row] = {name: value[slot] for name, value in outputs.items()}

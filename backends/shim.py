@@ -3,7 +3,8 @@
 Configs say `backend: "onnxruntime"` / `"pytorch"`, so the same repository runs on the NGC image
 (native C++ backends) and on the pip-installed server (these shims, which Triton finds as
 BACKENDS/<name>/model.py). They honour the native `intra_op_thread_count` parameter and batch
-ragged requests themselves (see pooltriton.backends.ragged).
+ragged requests themselves (see pooltriton.backends.ragged). Each shim reads the parameters of the
+native backend it stands in for (intra_op_thread_count, INFERENCE_NUM_THREADS, HINT_BF16, ...).
 """
 
 from __future__ import annotations
@@ -14,17 +15,21 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from pooltriton.backends.common import Counters, ModelArgs, input_array
-from pooltriton.backends.ragged import RaggedStats, run_ragged
+from pooltriton.backends.ragged import TOKEN_BUDGET, RaggedStats, run_ragged
 
 
 class EncoderShim:
     default_filename = "model"
 
-    def load(self, path: Path, threads: int) -> None:
+    def load(self, path: Path, model: ModelArgs) -> None:
         raise NotImplementedError
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         raise NotImplementedError
+
+    def run_chunks(self, chunks: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
+        """All chunks of one dynamic batch; runtimes with several streams override this."""
+        return [self.run(feeds) for feeds in chunks]
 
     def initialize(self, args: dict[str, str]) -> None:
         model = ModelArgs(args)
@@ -35,16 +40,18 @@ class EncoderShim:
         self.per_token = {t["name"] for t in model.config["output"] if len(t["dims"]) >= 2}
         self.pad_values = {"input_ids": int(model.parameter("pad_token_id", 0))}
         self.stats = RaggedStats()
+        self.token_budget = int(model.parameter("ragged_token_budget", TOKEN_BUDGET))
         self.counters = Counters(model.name, ("pooltriton_tokens_total", "pooltriton_padding_tokens_total"))
-        self.load(model.version_dir / filename, int(model.parameter("intra_op_thread_count", 0)))
+        self.load(model.version_dir / filename, model)
 
-    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self.output_names, self.run(feeds)))
+    def _run_chunks(self, chunks: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        return [dict(zip(self.output_names, outputs)) for outputs in self.run_chunks(chunks)]
 
     def execute(self, requests: list) -> list:
         batch = [{name: input_array(request, name) for name in self.input_names} for request in requests]
         real, computed = self.stats.real_tokens, self.stats.computed_tokens
-        outputs = run_ragged(batch, self._run, self.per_token, self.pad_values, self.stats)
+        outputs = run_ragged(batch, self._run_chunks, self.per_token, self.pad_values, self.stats,
+                             token_budget=self.token_budget)
         real = self.stats.real_tokens - real
         self.counters.add("pooltriton_tokens_total", real)
         self.counters.add("pooltriton_padding_tokens_total", self.stats.computed_tokens - computed - real)

@@ -54,19 +54,42 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 # ---- baseline B -----------------------------------------------------------------------------------
 class Baseline:
-    def __init__(self, repository: Path, model: str = "minilm", threads: int = 2) -> None:
-        import onnxruntime as ort
+    """B: the model's own encoder file run in this process. model.onnx runs on ONNX Runtime (CPU);
+    a TorchScript model.pt (the GPU export) runs on the device its config names, in its precision."""
 
+    def __init__(self, repository: Path, model: str = "minilm", threads: int = 2) -> None:
         from pooltriton.tokenization import TextTokenizer
 
         max_length = json.loads((repository / model / "pooler_config.json").read_text())["max_length"]
         self.tokenizer = TextTokenizer(str(repository / f"{model}_tokenizer" / "1" / "tokenizer.json"), max_length)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(str(repository / f"{model}_encoder" / "1" / "model.onnx"), options,
-                                            providers=["CPUExecutionProvider"])
-        self.inputs = [i.name for i in self.session.get_inputs()]
+        encoder = repository / f"{model}_encoder"
+        if (encoder / "1" / "model.pt").is_file():
+            import torch
+
+            gpu = "KIND_GPU" in (encoder / "config.pbtxt").read_text()
+            self.device = "cuda" if gpu else "cpu"
+            torch.set_num_threads(threads)
+            module = torch.jit.load(str(encoder / "1" / "model.pt"), map_location=self.device).eval()
+            self.inputs = [line.split('"')[1] for line in (encoder / "config.pbtxt").read_text().splitlines()
+                           if "TYPE_INT64" in line]
+
+            def run(feeds: dict[str, np.ndarray]) -> np.ndarray:
+                with torch.inference_mode():  # .cpu() waits for the GPU, so timings are complete
+                    return module(*(torch.from_numpy(feeds[n]).to(self.device) for n in self.inputs)).cpu().numpy()
+        else:
+            import onnxruntime as ort
+
+            self.device = "cpu"
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            session = ort.InferenceSession(str(encoder / "1" / "model.onnx"), options,
+                                           providers=["CPUExecutionProvider"])
+            self.inputs = [i.name for i in session.get_inputs()]
+
+            def run(feeds: dict[str, np.ndarray]) -> np.ndarray:
+                return session.run(None, feeds)[0]
+        self.run = run
 
     def embed(self, texts: list[str]) -> np.ndarray:
         from pooltriton.activation import normalize
@@ -74,7 +97,7 @@ class Baseline:
         batch = self.tokenizer(texts)
         feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
                  "token_type_ids": batch.token_type_ids}
-        return normalize(self.session.run(None, {n: feeds[n] for n in self.inputs})[0])
+        return normalize(self.run({n: feeds[n] for n in self.inputs}))
 
     def throughput(self, texts: list[str], batch: int = 32, sort: bool = True) -> dict:
         started = time.perf_counter()
@@ -90,13 +113,6 @@ class Baseline:
         return {"texts_per_s": len(texts) / seconds, "tokens_per_s": real / seconds, "seconds": seconds,
                 "real_tokens": real, "padding_pct": 100 * (computed - real) / computed}
 
-    def latency(self, texts: list[str]) -> dict:
-        times = []
-        for text in texts:
-            started = time.perf_counter()
-            self.embed([text])
-            times.append(time.perf_counter() - started)
-        return percentiles(times)
 
 
 # ---- served path ----------------------------------------------------------------------------------
@@ -160,7 +176,7 @@ async def served(grpc_url: str, texts: list[str], concurrency: int, batch: int, 
     encoder = delta.get(f"{model}_encoder", {"inferences": 0, "executions": 1})
     real = real_tokens if real_tokens is not None else tokens
     return {
-        "concurrency": concurrency, "batch": batch, "texts_per_s": len(texts) / seconds,
+        "model": model, "concurrency": concurrency, "batch": batch, "texts_per_s": len(texts) / seconds,
         "tokens_per_s": real / seconds, "seconds": seconds, **percentiles(latencies),
         "padding_pct": 100 * padding / (padding + tokens) if tokens else None,
         "avg_encoder_batch": encoder["inferences"] / max(encoder["executions"], 1),
@@ -169,19 +185,26 @@ async def served(grpc_url: str, texts: list[str], concurrency: int, batch: int, 
     }
 
 
-async def served_latency(grpc_url: str, texts: list[str], model: str = "minilm") -> dict:
+async def single_text_latency(grpc_url: str, texts: list[str], baseline: Baseline,
+                              models: tuple[str, ...]) -> dict[str, dict]:
+    """One text at a time, B and every served model in turn for each text, so that a slow moment of
+    a shared machine hits all of them alike instead of one path's whole series."""
     import tritonclient.grpc.aio as aiogrpc
 
     client = aiogrpc.InferenceServerClient(grpc_url)
-    times = []
+    times: dict[str, list[float]] = {"B": [], **{model: [] for model in models}}
     for text in texts:
-        tensor = aiogrpc.InferInput("TEXT", [1, 1], "BYTES")
-        tensor.set_data_from_numpy(np.array([text.encode()], dtype=object).reshape(1, 1))
         started = time.perf_counter()
-        await client.infer(model, [tensor])
-        times.append(time.perf_counter() - started)
+        baseline.embed([text])
+        times["B"].append(time.perf_counter() - started)
+        for model in models:
+            tensor = aiogrpc.InferInput("TEXT", [1, 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([text.encode()], dtype=object).reshape(1, 1))
+            started = time.perf_counter()
+            await client.infer(model, [tensor])
+            times[model].append(time.perf_counter() - started)
     await client.close()
-    return percentiles(times)
+    return {name: percentiles(values) for name, values in times.items()}
 
 
 def tree_peak_rss_mb(pid: int) -> float:
@@ -201,7 +224,7 @@ def tree_peak_rss_mb(pid: int) -> float:
 
 # ---- the run --------------------------------------------------------------------------------------
 def run(repository: Path, out: Path, count: int, concurrencies: list[int], grpc_url: str | None,
-        metrics_url: str | None, latency_texts: int = 50) -> dict:
+        metrics_url: str | None, latency_texts: int = 50, models: tuple[str, ...] = ("minilm",)) -> dict:
     from pooltriton.backends.assemble import assemble
     from pooltriton.backends.server import TritonServer
 
@@ -224,17 +247,25 @@ def run(repository: Path, out: Path, count: int, concurrencies: list[int], grpc_
         baseline.embed(texts[:8])  # warm-up
         real_tokens = sum(baseline.tokenizer.lengths(texts))
         short_tokens = sum(baseline.tokenizer.lengths(shorts))
-        results: dict = {"corpus": {"texts": count, "real_tokens": real_tokens, "short_real_tokens": short_tokens}}
+        results: dict = {"corpus": {"texts": count, "real_tokens": real_tokens, "short_real_tokens": short_tokens},
+                         "models": list(models), "served": [], "served_short": [], "served_latency": []}
         results["baseline_sorted"] = baseline.throughput(texts, sort=True)
         results["baseline_corpus_order"] = baseline.throughput(texts, sort=False)
         results["baseline_short"] = baseline.throughput(shorts, sort=True)
-        results["baseline_latency"] = baseline.latency(texts[:latency_texts])
-        asyncio.run(served(grpc_url, texts[:64], 2, 32, metrics_url=metrics_url))  # warm-up
-        results["served"] = [asyncio.run(served(grpc_url, texts, c, 32, metrics_url=metrics_url,
-                                                real_tokens=real_tokens)) for c in concurrencies]
-        results["served_short"] = asyncio.run(served(grpc_url, shorts, 64, 1, metrics_url=metrics_url,
-                                                     real_tokens=short_tokens))
-        results["served_latency"] = asyncio.run(served_latency(grpc_url, texts[:latency_texts]))
+        for model in models:
+            asyncio.run(served(grpc_url, texts[:64], 2, 32, model, metrics_url))  # warm-up
+            results["served"] += [asyncio.run(served(grpc_url, texts, c, 32, model, metrics_url, real_tokens))
+                                  for c in concurrencies]
+            results["served_short"].append(asyncio.run(served(grpc_url, shorts, 64, 1, model, metrics_url,
+                                                              short_tokens)))
+        # B again at the end: the ratios use the mean of both, so drift over the run cancels out.
+        before, after = results["baseline_sorted"], baseline.throughput(texts, sort=True)
+        results["baseline_sorted_runs"] = [before["tokens_per_s"], after["tokens_per_s"]]
+        results["baseline_sorted"] = {**before, **{k: (before[k] + after[k]) / 2 for k in
+                                                   ("texts_per_s", "tokens_per_s", "seconds")}}
+        latency = asyncio.run(single_text_latency(grpc_url, texts[:latency_texts], baseline, models))
+        results["baseline_latency"] = latency.pop("B")
+        results["served_latency"] = [{"model": model, **values} for model, values in latency.items()]
         if server is not None:
             results["peak_rss_mb"] = tree_peak_rss_mb(server.process.pid)
     finally:
@@ -248,20 +279,23 @@ def table(results: dict) -> str:
     short_base = results["baseline_short"]["tokens_per_s"]
     rows = [("path", "texts/s", "tokens/s", "x B", "p50 ms", "p90 ms", "p99 ms", "pad %", "avg batch",
              "share tok/enc/pool")]
-    rows.append(("B in-process, sorted, batch 32", *_cells(results["baseline_sorted"], base)))
+    rows.append(("B in-process, sorted, batch 32 (*)", *_cells(results["baseline_sorted"], base)))
     rows.append(("B in-process, corpus order", *_cells(results["baseline_corpus_order"], base)))
     for item in results["served"]:
-        rows.append((f"Triton gRPC, {item['concurrency']} clients x 32", *_cells(item, base)))
+        rows.append((f"Triton {item['model']}, {item['concurrency']} clients x 32", *_cells(item, base)))
     rows.append(("B short texts (~32 tok), sorted", *_cells(results["baseline_short"], short_base)))
-    rows.append(("Triton short texts, 64 clients x 1", *_cells(results["served_short"], short_base)))
-    lat_b, lat_s = results["baseline_latency"], results["served_latency"]
-    rows.append(("single text: B", "", "", "", f"{lat_b['p50_ms']:.1f}", f"{lat_b['p90_ms']:.1f}",
-                 f"{lat_b['p99_ms']:.1f}", "", "", ""))
-    rows.append(("single text: Triton", "", "", "", f"{lat_s['p50_ms']:.1f}", f"{lat_s['p90_ms']:.1f}",
-                 f"{lat_s['p99_ms']:.1f}", "", "", ""))
+    for item in results["served_short"]:
+        rows.append((f"Triton {item['model']} short, 64 clients x 1", *_cells(item, short_base)))
+    for label, lat in [("B", results["baseline_latency"])] + [
+            (f"Triton {item['model']}", item) for item in results["served_latency"]]:
+        rows.append((f"single text: {label}", "", "", "", f"{lat['p50_ms']:.1f}", f"{lat['p90_ms']:.1f}",
+                     f"{lat['p99_ms']:.1f}", "", "", ""))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     lines = [" | ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
     lines.insert(1, "-+-".join("-" * w for w in widths))
+    runs = results.get("baseline_sorted_runs")
+    if runs:
+        lines.append(f"(*) mean of B before and after the served runs: {runs[0]:.0f} and {runs[1]:.0f} tokens/s")
     if "peak_rss_mb" in results:
         lines.append(f"peak RSS of tritonserver and its stubs: {results['peak_rss_mb']:.0f} MB")
     return "\n".join(lines)
@@ -283,16 +317,17 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    concurrency = [r["concurrency"] for r in results["served"]]
     fig, axis = plt.subplots(figsize=(6, 4))
-    axis.plot(concurrency, [r["tokens_per_s"] for r in results["served"]], marker="o",
-              label="Triton (gRPC, 32 texts/request)")
+    for model in results["models"]:
+        rows = [r for r in results["served"] if r["model"] == model]
+        axis.plot([r["concurrency"] for r in rows], [r["tokens_per_s"] for r in rows], marker="o",
+                  label=f"Triton {model} (gRPC, 32 texts/request)")
     axis.axhline(results["baseline_sorted"]["tokens_per_s"], color="gray", linestyle="--",
                  label="B in-process (sorted)")
     axis.set_xscale("log", base=2)
     axis.set_xlabel("concurrent clients")
     axis.set_ylabel("real tokens / s")
-    axis.set_title("all-MiniLM-L6-v2, fp32, CPU")
+    axis.set_title("all-MiniLM-L6-v2")
     axis.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -308,12 +343,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated client counts")
     parser.add_argument("--grpc-url", help="use a running server instead of starting one")
     parser.add_argument("--metrics-url", help="its metrics endpoint (for padding %%)")
-    parser.add_argument("--latency-texts", type=int, default=50)
+    parser.add_argument("--latency-texts", type=int, default=200)
+    parser.add_argument("--models", default="minilm,minilm_bf16",
+                        help="comma-separated served ensembles (MiniLM exports), each measured against B")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = run(Path(args.repository), out, args.texts, [int(c) for c in args.concurrency.split(",")],
-                  args.grpc_url, args.metrics_url, args.latency_texts)
+                  args.grpc_url, args.metrics_url, args.latency_texts, tuple(args.models.split(",")))
     results["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
     (out / "bench.json").write_text(json.dumps(results, indent=2))
     plot(results, out / "throughput.png")

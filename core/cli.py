@@ -43,8 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--out", default="model_repository", help="model repository folder")
     export.add_argument("--matryoshka-dimensions", type=lambda t: tuple(int(x) for x in t.split(",")), default=(),
                         metavar="D,D", help="embedding sizes clients may ask for (truncated, re-normalised)")
-    export.add_argument("--runtime", choices=["onnx", "torchscript"], default="onnx",
-                        help="encoder format: ONNX (backend onnxruntime) or TorchScript (backend pytorch)")
+    export.add_argument("--runtime", choices=["onnx", "openvino", "torchscript"], default="onnx",
+                        help="encoder runtime: ONNX model.onnx (backend onnxruntime), the same file compiled by "
+                        "OpenVINO (backend openvino), or TorchScript model.pt (backend pytorch)")
+    export.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                        help="encoder precision: bf16 with openvino (CPUs with AVX512-BF16/AMX) or torchscript, "
+                        "fp16 with torchscript (GPUs); verified against fp32 by cosine (mean >= 0.995, min >= 0.98)")
+    export.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: trace on the GPU and serve from KIND_GPU instances (torchscript)")
     export.add_argument("--batching", choices=["ragged", "buckets"], default="ragged",
                         help="ragged: encoder takes mixed lengths (Python shims); buckets: the tokenizer "
                         "pads to fixed lengths so native backends can batch them")
@@ -86,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             name=args.name, out=Path(args.out), task=args.task, pooling_type=args.pooling_type,
             use_activation=args.use_activation, max_length=args.max_length, step_tag_id=args.step_tag_id,
             returned_token_ids=args.returned_token_ids, convert=args.convert, runtime=args.runtime,
+            precision=args.precision, device=args.device,
             matryoshka_dimensions=args.matryoshka_dimensions,
             batching=args.batching, encoder_threads=args.encoder_threads,
         )

@@ -20,6 +20,7 @@ from pooltriton.resolve import PoolerConfig, ResolutionError
 from pooltriton.semantics import PoolingType, Task
 
 ENCODER_OUTPUT = "pooled"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Encoder-style classifiers pool inside their own head (BERT: CLS + dense + tanh): run them whole.
 _SELF_POOLING_HEADS = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta", "deberta-v2")
 
@@ -35,6 +36,12 @@ class PoolingEncoder(nn.Module):
         self.causal = causal
         self.returns_logits = returns_logits
         self.config = hf_config
+        self.compute_dtype = torch.float32
+
+    def to_precision(self, precision: str, device: str = "cpu") -> PoolingEncoder:
+        """Weights and mask in `precision` on `device`; the output stays fp32 (the configs say FP32)."""
+        self.compute_dtype = DTYPES[precision]
+        return self.to(device=device, dtype=self.compute_dtype)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -43,8 +50,9 @@ class PoolingEncoder(nn.Module):
             length = input_ids.shape[1]
             causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()
             keep = keep & causal[None, None]
-        additive = torch.zeros(keep.shape, dtype=torch.float32, device=input_ids.device)
-        additive = additive.masked_fill(~keep, torch.finfo(torch.float32).min)
+        additive = torch.zeros(keep.shape, dtype=self.compute_dtype, device=input_ids.device)
+        # Half the dtype's minimum: score + mask must stay finite in fp16 (a -inf row gives NaN).
+        additive = additive.masked_fill(~keep, torch.finfo(self.compute_dtype).min / 2)
         kwargs: dict[str, torch.Tensor | bool] = {"input_ids": input_ids, "attention_mask": additive}
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids
@@ -54,10 +62,10 @@ class PoolingEncoder(nn.Module):
             kwargs["use_cache"] = False
         output = self.network(**kwargs)
         if self.returns_logits:
-            return output.logits
+            return output.logits.float()
         states = output.last_hidden_state
         pooled = self.pool(states, attention_mask) if self.pool is not None else states
-        return self.head(pooled) if self.head is not None else pooled
+        return (self.head(pooled) if self.head is not None else pooled).float()
 
 
 def load_encoder(model_dir: str | Path, config: PoolerConfig) -> PoolingEncoder:
@@ -137,8 +145,9 @@ def output_width(encoder: PoolingEncoder, config: PoolerConfig) -> int:
     return int(encoder.config.hidden_size)
 
 
-def sample_inputs(encoder: PoolingEncoder, batch: int = 2, length: int = 8) -> tuple[torch.Tensor, ...]:
-    ids = torch.full((batch, length), 5, dtype=torch.int64)
+def sample_inputs(encoder: PoolingEncoder, batch: int = 2, length: int = 8,
+                  device: str = "cpu") -> tuple[torch.Tensor, ...]:
+    ids = torch.full((batch, length), 5, dtype=torch.int64, device=device)
     mask = torch.ones_like(ids)
     mask[-1, length // 2 :] = 0
     by_name = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
@@ -170,10 +179,11 @@ def export_onnx(encoder: PoolingEncoder, path: Path, max_length: int) -> None:
     program.save(str(path))
 
 
-def export_torchscript(encoder: PoolingEncoder, path: Path) -> None:
-    """torch.jit.trace: the mask is built from tensor ops in forward, so the trace is shape-generic."""
+def export_torchscript(encoder: PoolingEncoder, path: Path, device: str = "cpu") -> None:
+    """torch.jit.trace on the serving device (a trace bakes in the device of the tensors it creates);
+    the mask is built from tensor ops in forward, so the trace is shape-generic."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        traced = torch.jit.trace(encoder, sample_inputs(encoder), check_trace=False, strict=False)
+        traced = torch.jit.trace(encoder, sample_inputs(encoder, device=device), check_trace=False, strict=False)
     traced.save(str(path))

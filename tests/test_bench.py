@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import REPOSITORY
 
@@ -17,11 +19,29 @@ def test_benchmark_end_to_end(tmp_path) -> None:
         capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "x B" in result.stdout and "Triton gRPC, 2 clients x 32" in result.stdout
+    assert "x B" in result.stdout and "Triton minilm, 2 clients x 32" in result.stdout
+    assert "Triton minilm_bf16, 2 clients x 32" in result.stdout
     data = json.loads((out / "bench.json").read_text())
     assert {"baseline_sorted", "baseline_corpus_order", "served", "served_short", "served_latency",
             "peak_rss_mb"} <= set(data)
+    assert [r["model"] for r in data["served"]] == ["minilm", "minilm", "minilm_bf16", "minilm_bf16"]
     served = data["served"][-1]
     assert served["tokens_per_s"] > 0 and 0 <= served["padding_pct"] < 100 and served["avg_encoder_batch"] >= 1
     assert set(served["time_share_pct"]) == {"tokenizer", "encoder", "pooler"}
     assert (out / "throughput.png").stat().st_size > 1000
+
+
+def test_gpu_benchmark_script_runs_on_the_cpu(tmp_path) -> None:
+    """scripts/gpu_bench.sh without a GPU: TorchScript export, Triton, B on the same model.pt."""
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "gpu"
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out), "TEXTS": "32", "CONCURRENCY": "1,2"}
+    result = subprocess.run([str(root / "scripts" / "gpu_bench.sh")], capture_output=True, text=True,
+                            timeout=600, env=env)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+    assert "no GPU: running the same steps on the CPU (fp32)" in result.stdout
+    encoder = (out / "repository" / "minilm_encoder" / "config.pbtxt").read_text()
+    assert 'backend: "pytorch"' in encoder and "KIND_CPU" in encoder
+    data = json.loads((out / "bench.json").read_text())
+    assert data["models"] == ["minilm"] and data["baseline_sorted"]["tokens_per_s"] > 0
+    assert all(r["tokens_per_s"] > 0 for r in data["served"])

@@ -9,7 +9,7 @@ import pytest
 
 from pooltriton.defaults import minilm_path
 from pooltriton.export.encoder import load_encoder
-from pooltriton.export.verify import TOLERANCE, VerificationError, verify
+from pooltriton.export.verify import MEAN_COSINE, MIN_COSINE, TOLERANCE, VerificationError, verify
 from pooltriton.resolve import resolve
 from pooltriton.tokenization import TextTokenizer
 
@@ -27,7 +27,27 @@ def test_repository_layout_and_verification_report() -> None:
     config = json.loads((REPOSITORY / "minilm" / "pooler_config.json").read_text())
     assert config["pooling_type"] == "MEAN" and config["max_length"] == 256
     encoder_config = (REPOSITORY / "minilm_encoder" / "config.pbtxt").read_text()
-    assert 'backend: "onnxruntime"' in encoder_config and "allow_ragged_batch: true" in encoder_config
+    assert 'backend: "openvino"' in encoder_config and "allow_ragged_batch: true" in encoder_config
+    assert '"HINT_BF16" value: { string_value: "NO" }' in encoder_config
+
+
+def test_reduced_precision_export_records_cosine_within_its_bound() -> None:
+    report = json.loads((REPOSITORY / "minilm_bf16_encoder" / "verification.json").read_text())
+    assert report["precision"] == "bf16" and report["passed"]
+    assert report["mean_cosine"] >= MEAN_COSINE and report["min_cosine"] >= MIN_COSINE
+    # bf16 really ran: an fp32 graph would agree to ~1e-7, not ~1e-5.
+    assert report["mean_cosine"] < 0.999999 and report["max_abs_error_activated"] > 1e-5
+    config = (REPOSITORY / "minilm_bf16_encoder" / "config.pbtxt").read_text()
+    assert '"HINT_BF16" value: { string_value: "YES" }' in config
+
+
+def test_export_refuses_a_precision_the_runtime_cannot_serve(tmp_path) -> None:
+    from pooltriton.cli import main
+
+    assert main(["export", str(minilm_path()), "--name", "x", "--out", str(tmp_path), "--precision", "bf16"]) == 2
+    assert main(["export", str(minilm_path()), "--name", "x", "--out", str(tmp_path), "--runtime", "openvino",
+                 "--device", "cuda"]) == 2
+    assert not (tmp_path / "x_encoder").exists()
 
 
 def test_verification_fails_on_a_wrong_export() -> None:
@@ -43,3 +63,10 @@ def test_verification_fails_on_a_wrong_export() -> None:
 
     with pytest.raises(VerificationError, match="differs from PyTorch"):
         verify(encoder, slightly_wrong, tokenizer, config, runtime="test")
+
+    def noisy(feeds):  # a reduced-precision export that lost too much (cosine ~0.95)
+        out = slightly_wrong(feeds)
+        return out + np.random.default_rng(0).normal(0, 0.3 * np.abs(out).mean(), out.shape).astype(np.float32)
+
+    with pytest.raises(VerificationError, match="cosine mean"):
+        verify(encoder, noisy, tokenizer, config, runtime="test", precision="bf16")

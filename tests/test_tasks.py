@@ -93,7 +93,7 @@ def folder_of(root: Path, case: Case) -> Path:
     return build(root, case.family, case.head, case.num_labels, sentence_transformers_pooling=case.st_pooling)
 
 
-@pytest.fixture(scope="module", params=["onnx", "torchscript"])
+@pytest.fixture(scope="module", params=["onnx", "openvino", "torchscript"])
 def served(request, tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
     runtime = request.param
     repository = tmp_path_factory.mktemp(f"repo_{runtime}")

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from pooltriton.backends.ragged import RaggedStats, plan_chunks, run_ragged
+from pooltriton.backends.ragged import RaggedStats, plan_chunks, run_ragged, sequentially
 from pooltriton.defaults import minilm_path
 from pooltriton.repository import DynamicBatching, ModelConfig, Tensor
 from pooltriton.resolve import resolve
@@ -100,7 +100,7 @@ def test_run_ragged_equals_one_by_one() -> None:
         ids[mask == 0] = 0
         requests.append({"input_ids": ids, "attention_mask": mask})
     stats = RaggedStats()
-    merged = run_ragged(requests, encoder, {"tokens"}, {"input_ids": 0}, stats)
+    merged = run_ragged(requests, sequentially(encoder), {"tokens"}, {"input_ids": 0}, stats)
     for request, out in zip(requests, merged):
         alone = encoder(request)
         np.testing.assert_allclose(out["pooled"], alone["pooled"], rtol=1e-6)

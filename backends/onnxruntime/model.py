@@ -7,15 +7,16 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from pooltriton.backends.common import ModelArgs
 from pooltriton.backends.shim import EncoderShim
 
 
 class TritonPythonModel(EncoderShim):
     default_filename = "model.onnx"
 
-    def load(self, path: Path, threads: int) -> None:
+    def load(self, path: Path, model: ModelArgs) -> None:
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
+        options.intra_op_num_threads = int(model.parameter("intra_op_thread_count", 0))
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
