@@ -31,6 +31,7 @@ WORDS = (
     "internationalization counterrevolutionary electroencephalography incomprehensibilities "
     "hello, world. (parenthetical) [bracketed] e-mail: x@y.org; 3.14 100% $5 — ok! why? #tag"
 ).split()
+PAUSE_S = 0.1  # between single-text calls
 SHORT_WORDS = "the a model server text query fast small test vector search data".split()
 
 
@@ -188,16 +189,20 @@ async def served(grpc_url: str, texts: list[str], concurrency: int, batch: int, 
 async def single_text_latency(grpc_url: str, texts: list[str], baseline: Baseline,
                               models: tuple[str, ...]) -> dict[str, dict]:
     """One text at a time, B and every served model in turn for each text, so that a slow moment of
-    a shared machine hits all of them alike instead of one path's whole series."""
+    a shared machine hits all of them alike instead of one path's whole series. A pause before each
+    call lets the previous path's threads go idle: ONNX Runtime's and OpenVINO's pools spin after a
+    run, and with 20 ms instead of 100 ms one model measured +10 ms only because another ran before it."""
     import tritonclient.grpc.aio as aiogrpc
 
     client = aiogrpc.InferenceServerClient(grpc_url)
     times: dict[str, list[float]] = {"B": [], **{model: [] for model in models}}
     for text in texts:
+        await asyncio.sleep(PAUSE_S)
         started = time.perf_counter()
         baseline.embed([text])
         times["B"].append(time.perf_counter() - started)
         for model in models:
+            await asyncio.sleep(PAUSE_S)
             tensor = aiogrpc.InferInput("TEXT", [1, 1], "BYTES")
             tensor.set_data_from_numpy(np.array([text.encode()], dtype=object).reshape(1, 1))
             started = time.perf_counter()
@@ -343,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated client counts")
     parser.add_argument("--grpc-url", help="use a running server instead of starting one")
     parser.add_argument("--metrics-url", help="its metrics endpoint (for padding %%)")
-    parser.add_argument("--latency-texts", type=int, default=200)
+    parser.add_argument("--latency-texts", type=int, default=100)
     parser.add_argument("--models", default="minilm,minilm_bf16",
                         help="comma-separated served ensembles (MiniLM exports), each measured against B")
     args = parser.parse_args(argv)

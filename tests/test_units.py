@@ -74,12 +74,28 @@ def test_tokenizer_ignores_tokenizer_json_limits() -> None:
 
 
 def test_plan_chunks_sorts_and_respects_budget() -> None:
-    lengths = np.array([5, 300, 20, 7, 300, 64])
-    chunks = plan_chunks(lengths, token_budget=600, max_rows=4)
-    assert sorted(np.concatenate(chunks).tolist()) == list(range(6))
+    lengths = np.array([5, 300, 20, 7, 300, 64, 700])
+    chunks = plan_chunks(lengths, token_budget=600, max_rows=4, call_cost=64)
+    assert sorted(np.concatenate(chunks).tolist()) == list(range(7))
+    # 700 alone (over budget), the two 300s, 64 alone (too far from 20), the short ones together.
+    assert [sorted(c.tolist()) for c in chunks] == [[6], [1, 4], [5], [0, 2, 3]]
     for chunk in chunks:
         assert len(chunk) * lengths[chunk].max() <= 600 or len(chunk) == 1
-        assert lengths[chunk].min() >= 0.8 * lengths[chunk].max()
+
+
+def test_plan_chunks_trades_padding_against_calls() -> None:
+    lengths = np.random.default_rng(0).integers(5, 170, size=128)
+    chunks = plan_chunks(lengths, token_budget=2048, max_rows=64, call_cost=64)
+    padded = sum(len(c) * lengths[c].max() for c in chunks)
+    assert padded <= 1.06 * lengths.sum()  # few padded positions ...
+    assert len(chunks) <= 16  # ... without one call per length
+    # No single row is its own chunk with a cheaper neighbour merge left undone: the plan is optimal
+    # against the greedy "one chunk per budget" and "one chunk per row" plans.
+    greedy = plan_chunks(lengths, token_budget=2048, max_rows=64, call_cost=10**9)
+    per_row = plan_chunks(lengths, token_budget=2048, max_rows=1, call_cost=64)
+    def cost(plan):
+        return sum(len(c) * lengths[c].max() + 64 for c in plan)
+    assert cost(chunks) <= min(cost(greedy), cost(per_row))
 
 
 def test_run_ragged_equals_one_by_one() -> None:
