@@ -20,6 +20,7 @@ from pooltriton.backends.ragged import TOKEN_BUDGET, RaggedStats, run_ragged
 
 class EncoderShim:
     default_filename = "model"
+    single_row_multiple = 1  # see run_ragged
 
     def load(self, path: Path, model: ModelArgs) -> None:
         raise NotImplementedError
@@ -41,6 +42,7 @@ class EncoderShim:
         self.pad_values = {"input_ids": int(model.parameter("pad_token_id", 0))}
         self.stats = RaggedStats()
         self.token_budget = int(model.parameter("ragged_token_budget", TOKEN_BUDGET))
+        self.max_width = int(model.parameter("max_length", 0))
         self.counters = Counters(model.name, ("pooltriton_tokens_total", "pooltriton_padding_tokens_total"))
         self.load(model.version_dir / filename, model)
 
@@ -51,7 +53,8 @@ class EncoderShim:
         batch = [{name: input_array(request, name) for name in self.input_names} for request in requests]
         real, computed = self.stats.real_tokens, self.stats.computed_tokens
         outputs = run_ragged(batch, self._run_chunks, self.per_token, self.pad_values, self.stats,
-                             token_budget=self.token_budget)
+                             token_budget=self.token_budget, single_row_multiple=self.single_row_multiple,
+                             max_width=self.max_width)
         real = self.stats.real_tokens - real
         self.counters.add("pooltriton_tokens_total", real)
         self.counters.add("pooltriton_padding_tokens_total", self.stats.computed_tokens - computed - real)

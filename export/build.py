@@ -188,8 +188,8 @@ def pipeline_configs(
     tokenizer = ModelConfig(
         name=names["tokenizer"], backend="tokenizer", max_batch_size=MAX_BATCH_SIZE,
         inputs=text_inputs, outputs=[Tensor(n, "TYPE_INT64", (-1,)) for n in token_outputs],
-        # No queue delay: under load requests queue while the encoder runs anyway, and when idle a
-        # delay is pure latency on a single text (issue 5's benchmark; docs/performance.md).
+        # No queue delay (here and on the encoder): under load requests queue while the encoder runs
+        # anyway, and when idle a delay is pure latency on a single text (docs/performance.md).
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS),
         parameters=tokenizer_params,
     )
@@ -198,10 +198,11 @@ def pipeline_configs(
         max_batch_size=MAX_BATCH_SIZE,
         inputs=[Tensor(n, "TYPE_INT64", (-1,), allow_ragged_batch=ragged) for n in encoder_inputs],
         outputs=[pooled],
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=500, priority_levels=PRIORITY_LEVELS),
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS),
         instance_kind="KIND_GPU" if options.device == CUDA else "KIND_CPU",
         # The native backends' own keys, so the config means the same on both servers.
         parameters={**runtime.parameters(options.encoder_threads, options.precision), "pad_token_id": pad_token_id,
+                    "max_length": config.max_length,
                     **({"ragged_token_budget": options.ragged_token_budget or RAGGED_TOKEN_BUDGET[options.device]}
                        if ragged else {})},
     )

@@ -124,3 +124,10 @@ def test_run_ragged_equals_one_by_one() -> None:
         np.testing.assert_allclose(out["tokens"], alone["tokens"], rtol=1e-6)
     assert stats.real_tokens == sum(int(r["attention_mask"].sum()) for r in requests)
     assert stats.computed_tokens >= stats.real_tokens
+    # One-row chunks padded to a multiple of 4 (OpenVINO's shape reuse): same answers, padding counted.
+    rounded_stats = RaggedStats()
+    rounded = run_ragged(requests[:1], sequentially(encoder), {"tokens"}, {"input_ids": 0}, rounded_stats,
+                         single_row_multiple=4, max_width=16)
+    np.testing.assert_allclose(rounded[0]["pooled"], merged[0]["pooled"], rtol=1e-6)
+    assert rounded[0]["tokens"].shape == merged[0]["tokens"].shape
+    assert rounded_stats.computed_tokens == 4 and rounded_stats.real_tokens == 2  # 2 real -> width 4

@@ -21,6 +21,7 @@ from pooltriton.runtimes import openvino_properties
 
 class TritonPythonModel(EncoderShim):
     default_filename = "model.onnx"
+    single_row_multiple = 8  # OpenVINO compiles kernels per input shape
 
     def load(self, path: Path, model: ModelArgs) -> None:
         core, properties = ov.Core(), openvino_properties(model.parameter)
