@@ -1,10 +1,10 @@
 """Shared body of the Python stand-ins for Triton's native `onnxruntime` and `pytorch` backends.
 
-Configs say `backend: "onnxruntime"` / `"pytorch"`, so the same repository runs on the NGC image
-(native C++ backends) and on the pip-installed server (these shims, which Triton finds as
-BACKENDS/<name>/model.py). They honour the native `intra_op_thread_count` parameter and batch
-ragged requests themselves (see pooltriton.backends.ragged). Each shim reads the parameters of the
-native backend it stands in for (intra_op_thread_count, INFERENCE_NUM_THREADS, HINT_BF16, ...).
+Configs say `backend: "openvino"` / `"onnxruntime"` / `"pytorch"`, so the same repository runs on
+the NGC image (native C++ backends) and on the pip-installed server (these shims, which Triton finds
+as BACKENDS/<name>/model.py). Each shim reads the parameters of the native backend it stands in for
+(intra_op_thread_count, INFERENCE_NUM_THREADS, HINT_BF16, ...) and batches ragged requests itself
+(see pooltriton.backends.ragged).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ PRIORITY_LEVELS = 3
 # Rows x padded length per encoder call in the ragged shims. On CPU, measured on MiniLM (2 cores):
 # ONNX Runtime runs ~20 % faster at 4-16 rows of ~130 tokens than at 64 (activations stay in cache),
 # so chunks stay small (docs/performance.md); a GPU wants big launches.
-RAGGED_TOKEN_BUDGET = {"cpu": 2048, "cuda": 32768}
+RAGGED_TOKEN_BUDGET = {CPU: 2048, CUDA: 32768}
 
 
 @dataclass(frozen=True)
