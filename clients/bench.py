@@ -67,16 +67,15 @@ class Baseline:
         if (encoder / "1" / "model.pt").is_file():
             import torch
 
-            gpu = "KIND_GPU" in (encoder / "config.pbtxt").read_text()
-            self.device = "cuda" if gpu else "cpu"
-            torch.set_num_threads(threads)
-            module = torch.jit.load(str(encoder / "1" / "model.pt"), map_location=self.device).eval()
-            self.inputs = [line.split('"')[1] for line in (encoder / "config.pbtxt").read_text().splitlines()
-                           if "TYPE_INT64" in line]
+            from pooltriton.export.verify import torchscript_runner
 
-            def run(feeds: dict[str, np.ndarray]) -> np.ndarray:
-                with torch.inference_mode():  # .cpu() waits for the GPU, so timings are complete
-                    return module(*(torch.from_numpy(feeds[n]).to(self.device) for n in self.inputs)).cpu().numpy()
+            config = (encoder / "config.pbtxt").read_text()
+            self.device = "cuda" if "KIND_GPU" in config else "cpu"
+            torch.set_num_threads(threads)
+            # The export's own runner; its .cpu() waits for the GPU, so timings are complete.
+            run = torchscript_runner(encoder / "1" / "model.pt", "", self.device)
+            # Feeds go in the order of the config's inputs (the INT64 tensors).
+            self.inputs = [line.split('"')[1] for line in config.splitlines() if "TYPE_INT64" in line]
         else:
             import onnxruntime as ort
 
