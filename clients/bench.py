@@ -24,6 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pooltriton.capabilities import detect
+from pooltriton.defaults import exported_defaults
+
 WORDS = (
     "the a of and to in is was for on that with as by at from it an be this are or have not which "
     "model server embedding vector token batch latency throughput request response python triton "
@@ -73,7 +76,7 @@ class Baseline:
             self.device = "cuda" if "KIND_GPU" in config else "cpu"
             torch.set_num_threads(threads)
             # The export's own runner; its .cpu() waits for the GPU, so timings are complete.
-            run = torchscript_runner(encoder / "1" / "model.pt", "", self.device)
+            run = torchscript_runner(encoder / "1" / "model.pt", "", self.device).run
             # Feeds go in the order of the config's inputs (the INT64 tensors).
             self.inputs = [line.split('"')[1] for line in config.splitlines() if "TYPE_INT64" in line]
         else:
@@ -300,9 +303,24 @@ def table(results: dict) -> str:
     runs = results.get("baseline_sorted_runs")
     if runs:
         lines.append(f"(*) mean of B before and after the served runs: {runs[0]:.0f} and {runs[1]:.0f} tokens/s")
+    auto = results.get("machine", {}).get("capabilities", {}).get("auto_precision", {}).get("openvino")
+    if auto:
+        lines.append(f"--precision auto (openvino) on this CPU: {auto}; {_auto_ratio(results, auto)}")
     if "peak_rss_mb" in results:
         lines.append(f"peak RSS of tritonserver and its stubs: {results['peak_rss_mb']:.0f} MB")
     return "\n".join(lines)
+
+
+def _auto_ratio(results: dict, auto: str) -> str:
+    """The auto-chosen precision's best served throughput over fp32's (minilm), measured in this run."""
+    best = {model: max((r["tokens_per_s"] for r in results["served"] if r["model"] == model), default=0.0)
+            for model in results["models"]}
+    model = "minilm" if auto == "fp32" else f"minilm_{auto}"
+    if auto == "fp32":
+        return "the fp32 model is what auto serves (ratio to fp32 1.00)"
+    if best.get(model) and best.get("minilm"):
+        return f"{model} runs at {best[model] / best['minilm']:.2f} x fp32 (best of each)"
+    return f"{model} was not measured"
 
 
 def _cells(item: dict, base: float) -> tuple:
@@ -348,14 +366,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grpc-url", help="use a running server instead of starting one")
     parser.add_argument("--metrics-url", help="its metrics endpoint (for padding %%)")
     parser.add_argument("--latency-texts", type=int, default=100)
-    parser.add_argument("--models", default="minilm,minilm_bf16",
-                        help="comma-separated served ensembles (MiniLM exports), each measured against B")
+    parser.add_argument("--models", help="comma-separated served ensembles (MiniLM exports), each measured "
+                        "against B (default: minilm, and minilm_bf16 where this CPU runs bf16)")
     args = parser.parse_args(argv)
+    capabilities = detect()
+    models = args.models or ",".join(m for m in ("minilm", "minilm_bf16") if m in exported_defaults(capabilities))
+    print(capabilities.report(), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = run(Path(args.repository), out, args.texts, [int(c) for c in args.concurrency.split(",")],
-                  args.grpc_url, args.metrics_url, args.latency_texts, tuple(args.models.split(",")))
-    results["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
+                  args.grpc_url, args.metrics_url, args.latency_texts, tuple(models.split(",")))
+    results["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                          "capabilities": capabilities.summary()}
     (out / "bench.json").write_text(json.dumps(results, indent=2))
     plot(results, out / "throughput.png")
     print(table(results))

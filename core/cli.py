@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
-from pooltriton.runtimes import BF16, CPU, CUDA, FP16, FP32, RUNTIMES
+from pooltriton.capabilities import AUTO
+from pooltriton.runtimes import BF16, CPU, CUDA, FP16, FP32, RUNTIMES, TOLERANCES
 from pooltriton.semantics import PoolingType, Task
 
 
@@ -47,9 +49,15 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--runtime", choices=sorted(RUNTIMES), default="onnx",
                         help="encoder runtime: ONNX model.onnx (backend onnxruntime), the same file compiled by "
                         "OpenVINO (backend openvino), or TorchScript model.pt (backend pytorch)")
-    export.add_argument("--precision", choices=[FP32, BF16, FP16], default=FP32,
-                        help="encoder precision: bf16 with openvino (CPUs with AVX512-BF16/AMX) or torchscript, "
-                        "fp16 with torchscript (GPUs); verified against fp32 by cosine (mean >= 0.995, min >= 0.98)")
+    export.add_argument("--precision", choices=[FP32, BF16, FP16, AUTO], default=FP32,
+                        help="encoder precision (default fp32, the exact reference): bf16 with openvino or "
+                        "torchscript on CPUs with AVX512-BF16/AMX, fp16 with torchscript on GPUs; auto: bf16 where "
+                        "this CPU runs it natively, else fp32 (see `pooltriton capabilities`). A precision the CPU "
+                        "cannot run natively is an error")
+    export.add_argument("--tolerance", type=float, metavar="T",
+                        help=f"verification bound against PyTorch fp32: fp32 |Δ| <= T x (1 + max |reference|) "
+                        f"(default {TOLERANCES[FP32]:g}); bf16/fp16 cosine mean >= 1 - T, min >= 1 - 4T "
+                        f"(default {TOLERANCES[BF16]:g})")
     export.add_argument("--device", choices=[CPU, CUDA], default=CPU,
                         help="cuda: trace on the GPU and serve from KIND_GPU instances (torchscript)")
     export.add_argument("--batching", choices=["ragged", "buckets"], default="ragged",
@@ -63,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     plugin.add_argument("--module", help="module to import so the plugin registers (e.g. my_pkg.plugins)")
     plugin.add_argument("--model", required=True, help="the exported model it wraps")
     plugin.add_argument("--out", default="model_repository")
+
+    sub.add_parser("capabilities", help="what this CPU and the encoder runtimes run, and what --precision "
+                   "auto picks (JSON with --json)").add_argument("--json", action="store_true")
 
     inspect = sub.add_parser("inspect", help="print the resolved pooler configuration (config files only)")
     _model_args(inspect)
@@ -95,13 +106,20 @@ def main(argv: list[str] | None = None) -> int:
             returned_token_ids=args.returned_token_ids, convert=args.convert, runtime=args.runtime,
             precision=args.precision, device=args.device,
             matryoshka_dimensions=args.matryoshka_dimensions,
-            batching=args.batching, encoder_threads=args.encoder_threads,
+            batching=args.batching, encoder_threads=args.encoder_threads, tolerance=args.tolerance,
         )
         try:
             export_model(_local(args.model), options)
-        except ResolutionError as error:
+        except ResolutionError as error:  # what was asked cannot be served: a usage error
             print(f"pooltriton export: {error}", file=sys.stderr)
             return 2
+        except Exception as error:  # one paragraph, no traceback (POOLTRITON_DEBUG=1 shows it)
+            if os.environ.get("POOLTRITON_DEBUG"):
+                raise
+            kind = "verification failed" if type(error).__name__ == "VerificationError" else type(error).__name__
+            print(f"pooltriton export: {kind}: {error} Nothing was written for {args.name!r}. "
+                  f"(POOLTRITON_DEBUG=1 shows the traceback.)", file=sys.stderr)
+            return 1
     elif args.command == "plugin":
         from pooltriton.export.plugin import write_plugin
 
@@ -110,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         except (ResolutionError, KeyError, ImportError) as error:
             print(f"pooltriton plugin: {error}", file=sys.stderr)
             return 2
+    elif args.command == "capabilities":
+        from pooltriton.capabilities import detect
+
+        print(json.dumps(detect().summary(), indent=2) if args.json else detect().report())
     elif args.command == "inspect":
         from pooltriton.resolve import resolve
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from pooltriton.capabilities import Capabilities, detect
+from pooltriton.runtimes import FP32
 
 PACKAGE_DIRS = ("core", "export")  # the code an export depends on, relative to the repository root
 STAMP = "export_stamp.json"
@@ -45,15 +49,29 @@ class DefaultModel:
     locate: Callable[[], Path]
     options: dict = field(default_factory=dict)
 
+    def unsupported(self, capabilities: Capabilities) -> str | None:
+        """Why this CPU cannot serve the model as named (None: it can)."""
+        precision = self.options.get("precision", FP32)
+        if capabilities.native(precision):
+            return None
+        return f"this CPU ({capabilities.cpu_class}) does not run {precision} natively"
 
-# OpenVINO compiles the same model.onnx ~1.25x faster than ONNX Runtime on this x86 CPU (issue 5's
-# benchmark); minilm_bf16 is the reduced-precision option, verified by cosine against fp32.
+
+# OpenVINO compiles the same model.onnx ~1.25x faster than ONNX Runtime on x86 CPUs (issue 5's
+# benchmark). minilm_bf16 is the reduced-precision option, verified by cosine against fp32, and exported
+# only where the CPU runs bf16 (AVX512-BF16 / AMX): elsewhere OpenVINO would silently run it in fp32.
 DEFAULT_MODELS = (
     DefaultModel("minilm", minilm_path, {"task": "embed", "runtime": "openvino"}),
     DefaultModel("minilm_bf16", minilm_path, {"task": "embed", "runtime": "openvino", "precision": "bf16"}),
     DefaultModel("minilm_tokens", minilm_path, {"task": "token_embed", "runtime": "openvino"}),
     DefaultModel("rampart", rampart_path, {"task": "token_classify", "runtime": "openvino"}),
 )
+
+
+def exported_defaults(capabilities: Capabilities | None = None) -> list[str]:
+    """The default models this CPU gets (the others are left out, with the reason printed at export)."""
+    capabilities = capabilities or detect()
+    return [model.name for model in DEFAULT_MODELS if model.unsupported(capabilities) is None]
 
 
 def _fingerprint(model_dir: Path, options: dict) -> str:
@@ -74,10 +92,19 @@ DEFAULT_PLUGINS = (("minilm_zero_shot", "zero_shot", "pooltriton.plugin_examples
 
 
 def build_defaults(out: Path, force: bool = False) -> None:
-    from pooltriton.export.build import ExportOptions, export_model
+    from pooltriton.export.build import ExportOptions, export_model, stage_names
     from pooltriton.export.plugin import write_plugin
 
+    capabilities = detect()
     for model in DEFAULT_MODELS:
+        reason = model.unsupported(capabilities)
+        if reason is not None:
+            stale = [out / stage for stage in stage_names(model.name).values() if (out / stage).exists()]
+            for folder in stale:  # e.g. a repository exported on another CPU: it would not be what it says
+                shutil.rmtree(folder)
+            print(f"{model.name}: not exported: {reason}{' (removed the stale export)' if stale else ''}",
+                  file=sys.stderr)
+            continue
         model_dir = model.locate()
         fingerprint = _fingerprint(model_dir, model.options)
         stamp = out / model.name / STAMP

@@ -13,6 +13,8 @@ from typing import Any
 
 FP32, BF16, FP16 = "fp32", "bf16", "fp16"
 CPU, CUDA = "cpu", "cuda"
+# Default verification bound per precision (export.verify says how each is applied; --tolerance overrides).
+TOLERANCES = {FP32: 1e-5, BF16: 0.005, FP16: 0.005}
 
 
 @dataclass(frozen=True)
@@ -53,3 +55,22 @@ def openvino_properties(parameter: Callable[[str, Any], Any]) -> dict[str, objec
     bf16 = str(parameter("HINT_BF16", "NO")).upper() == "YES"
     properties["INFERENCE_PRECISION_HINT"] = "bf16" if bf16 else "f32"
     return properties
+
+
+# Element types as OpenVINO and torch name them -> our precision names.
+_OPENVINO_TYPES = {"f32": FP32, "bf16": BF16, "f16": FP16}
+_TORCH_TYPES = {"torch.float32": FP32, "torch.bfloat16": BF16, "torch.float16": FP16}
+
+
+def openvino_precision(compiled: Any) -> str:
+    """What a compiled OpenVINO model really computes in: the CPU plugin resolves the bf16 hint to f32
+    where the CPU has no bf16 instructions, and says so only in this property."""
+    return _OPENVINO_TYPES[compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()]
+
+
+def torchscript_precision(module: Any) -> str:
+    """The dtype a traced module's weights carry (it was traced in the serving precision)."""
+    for parameter in module.parameters():
+        if parameter.is_floating_point():
+            return _TORCH_TYPES[str(parameter.dtype)]
+    return FP32

@@ -19,9 +19,10 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from pooltriton.capabilities import AUTO, Capabilities, PrecisionError, choose_precision, detect
 from pooltriton.repository import DynamicBatching, EnsembleStep, ModelConfig, Tensor
 from pooltriton.resolve import PoolerConfig, ResolutionError, resolve
 from pooltriton.runtimes import CPU, CUDA, FP32, RUNTIMES, Runtime
@@ -55,23 +56,35 @@ class ExportOptions:
     convert: str | None = None
     matryoshka_dimensions: tuple[int, ...] = ()  # sizes the embedding may be cut to (then re-normalised)
     runtime: str = "onnx"  # or "openvino", "torchscript" (pooltriton.runtimes.RUNTIMES)
-    precision: str = "fp32"  # or "bf16" (openvino, torchscript), "fp16" (torchscript, for GPUs)
+    # "fp32", "bf16" (openvino, torchscript), "fp16" (torchscript, for GPUs) or "auto": what this machine
+    # runs natively (pooltriton.capabilities); fp32 stays the default, the exact reference.
+    precision: str = FP32
     device: str = "cpu"  # or "cuda": KIND_GPU encoder instances (torchscript)
     batching: str = "ragged"  # or "buckets"
     encoder_threads: int = 2
     ragged_token_budget: int | None = None  # None: RAGGED_TOKEN_BUDGET of the device
+    tolerance: float | None = None  # verification bound; None: the precision's default (export.verify)
 
-    def check(self) -> Runtime:
+    def check(self, capabilities: Capabilities) -> tuple[Runtime, ExportOptions]:
+        """The runtime, and these options with the precision decided (`auto`) and checked against the CPU."""
         runtime = RUNTIMES.get(self.runtime)
         if runtime is None:
             raise ResolutionError(f"runtime must be one of {sorted(RUNTIMES)}, not {self.runtime!r}")
-        if self.precision not in runtime.precisions:
+        try:
+            precision, reason = choose_precision(self.runtime, self.precision, self.device, capabilities)
+        except PrecisionError as error:
+            raise ResolutionError(str(error)) from None
+        if self.tolerance is not None and not 0 < self.tolerance < 1:
+            raise ResolutionError(f"--tolerance must be between 0 and 1, not {self.tolerance}")
+        if self.precision == AUTO:
+            print(f"--precision auto: {precision} ({reason})", file=sys.stderr)
+        if precision not in runtime.precisions:
             raise ResolutionError(f"the {self.runtime} runtime serves {'/'.join(runtime.precisions)}, "
-                                  f"not {self.precision}")
+                                  f"not {precision}")
         if self.device not in runtime.devices:
             raise ResolutionError(f"the {self.runtime} runtime runs on {'/'.join(runtime.devices)}, "
                                   f"not {self.device}")
-        return runtime
+        return runtime, replace(self, precision=precision)
 
 
 class Progress:
@@ -95,10 +108,10 @@ def resolve_options(model_dir: Path, options: ExportOptions) -> PoolerConfig:
 def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     # Heavy imports here, so `pooltriton inspect` and `--help` stay fast.
     from pooltriton.export.encoder import ENCODER_OUTPUT, load_encoder, output_width
-    from pooltriton.export.verify import exporter, verify
+    from pooltriton.export.verify import VerificationError, exporter, verify
     from pooltriton.tokenization import TextTokenizer
 
-    runtime = options.check()
+    runtime, options = options.check(detect())
     model_dir = Path(model_dir)
     tokenizer_file = model_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
@@ -122,13 +135,21 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     # serving precision on the serving device.
     lowered = options.runtime == "torchscript" and (options.precision, options.device) != (FP32, CPU)
     traced = copy.deepcopy(encoder).to_precision(options.precision, options.device) if lowered else encoder
-    export(traced, artefact, config.max_length, options.device)
-    del traced
-
-    progress(f"verifying the {options.runtime} encoder against PyTorch fp32")
     tokenizer = TextTokenizer(str(tokenizer_file), config.max_length)
-    report = verify(encoder, runner(artefact, options.precision, options.device), tokenizer, config,
-                    runtime=runtime.backend, precision=options.precision)
+    try:
+        export(traced, artefact, config.max_length, options.device)
+        del traced
+        progress(f"verifying the {options.runtime} encoder against PyTorch fp32")
+        report = verify(encoder, runner(artefact, options.precision, options.device), tokenizer, config,
+                        runtime=runtime.backend, precision=options.precision, tolerance=options.tolerance)
+    except BaseException as error:
+        # Nothing half-made stays in the repository for a server to load.
+        for stage in names.values():
+            shutil.rmtree(out / stage, ignore_errors=True)
+        if isinstance(error, VerificationError) and error.report is not None:
+            print(error.report.table(), file=sys.stderr)
+        raise
+    print(report.table(), file=sys.stderr)
 
     progress(f"writing model configurations under {out}")
     for model in pipeline_configs(options, config, encoder.input_names, ENCODER_OUTPUT, width,
@@ -137,8 +158,7 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     shutil.copy(tokenizer_file, out / names["tokenizer"] / "1" / "tokenizer.json")
     _write_json(encoder_dir / "verification.json", asdict(report))
     _write_json(out / names["ensemble"] / "pooler_config.json", config.to_json())
-    print(f"exported {options.name} ({options.runtime}, {options.precision}): vs PyTorch fp32 {report.bound}",
-          file=sys.stderr)
+    print(f"exported {options.name} ({options.runtime}, {options.precision}) to {out}", file=sys.stderr)
     return asdict(report)
 
 

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from tiny_models import build
 
+from pooltriton.capabilities import detect
 from pooltriton.defaults import minilm_path
+from pooltriton.export.build import ExportOptions, export_model
 from pooltriton.export.encoder import load_encoder
-from pooltriton.export.verify import MEAN_COSINE, MIN_COSINE, TOLERANCE, VerificationError, verify
+from pooltriton.export.verify import MEAN_COSINE, MIN_COSINE, TOLERANCE, Runner, VerificationError, verify
 from pooltriton.resolve import resolve
 from pooltriton.tokenization import TextTokenizer
 
@@ -22,6 +28,9 @@ def test_repository_layout_and_verification_report() -> None:
     assert (REPOSITORY / "minilm_encoder" / "1" / "model.onnx").is_file()
     report = json.loads((REPOSITORY / "minilm_encoder" / "verification.json").read_text())
     assert report["passed"] and report["max_abs_error_activated"] <= TOLERANCE
+    assert report["precision"] == report["executed_precision"] == "fp32"
+    assert all(case["max_abs_error_raw"] <= case["allowed_abs_error"] for case in report["cases"])
+    assert report["capabilities"]["class"] == detect().cpu_class
     assert {case["batch"] for case in report["cases"]} >= {1, 4, 16}
     assert max(case["max_tokens"] for case in report["cases"]) == 256
     config = json.loads((REPOSITORY / "minilm" / "pooler_config.json").read_text())
@@ -31,9 +40,11 @@ def test_repository_layout_and_verification_report() -> None:
     assert '"HINT_BF16" value: { string_value: "NO" }' in encoder_config
 
 
+@pytest.mark.skipif(not detect().bf16, reason="this CPU has no AVX512-BF16/AMX, so minilm_bf16 is not exported "
+                    "here (test_capabilities covers that branch)")
 def test_reduced_precision_export_records_cosine_within_its_bound() -> None:
     report = json.loads((REPOSITORY / "minilm_bf16_encoder" / "verification.json").read_text())
-    assert report["precision"] == "bf16" and report["passed"]
+    assert report["precision"] == report["executed_precision"] == "bf16" and report["passed"]
     assert report["mean_cosine"] >= MEAN_COSINE and report["min_cosine"] >= MIN_COSINE
     # bf16 really ran: an fp32 graph would agree to ~1e-7, not ~1e-5.
     assert report["mean_cosine"] < 0.999999 and report["max_abs_error_activated"] > 1e-5
@@ -54,19 +65,75 @@ def test_verification_fails_on_a_wrong_export() -> None:
     config = resolve(minilm_path())
     encoder = load_encoder(minilm_path(), config)
     tokenizer = TextTokenizer(str(minilm_path() / "tokenizer.json"), config.max_length)
-    import torch
 
     def slightly_wrong(feeds):
         with torch.no_grad():
             out = encoder(*(torch.from_numpy(feeds[n]) for n in encoder.input_names)).numpy()
         return out + np.float32(1e-3)
 
-    with pytest.raises(VerificationError, match="differs from PyTorch"):
-        verify(encoder, slightly_wrong, tokenizer, config, runtime="test")
+    with pytest.raises(VerificationError, match="differs from PyTorch beyond its bound"):
+        verify(encoder, Runner(slightly_wrong, "fp32"), tokenizer, config, runtime="test")
 
     def noisy(feeds):  # a reduced-precision export that lost too much (cosine ~0.95)
         out = slightly_wrong(feeds)
         return out + np.random.default_rng(0).normal(0, 0.3 * np.abs(out).mean(), out.shape).astype(np.float32)
 
     with pytest.raises(VerificationError, match="cosine mean"):
-        verify(encoder, noisy, tokenizer, config, runtime="test", precision="bf16")
+        verify(encoder, Runner(noisy, "bf16"), tokenizer, config, runtime="test", precision="bf16")
+
+
+@pytest.fixture(scope="module")
+def large_logit_classifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A valid small BERT token classifier (2 layers, hidden 128) with logits in the tens: the case a
+    fixed 1e-5 bound on its probabilities failed although its cosine to PyTorch was 0.9999998."""
+    from transformers import AutoModelForTokenClassification, BertForTokenClassification
+
+    small = build(tmp_path_factory.mktemp("tiny"), "bert", "token_classify", num_labels=35)
+    config = AutoModelForTokenClassification.from_pretrained(small).config
+    config.update({"hidden_size": 128, "intermediate_size": 512, "num_attention_heads": 4})
+    torch.manual_seed(3)
+    model = BertForTokenClassification(config).eval()
+    with torch.no_grad():
+        model.classifier.weight.mul_(40.0)
+    folder = small.parent / "large-logits"
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (small / name).is_file():
+            shutil.copy(small / name, folder / name)
+    return folder
+
+
+def test_bound_scales_with_the_output(large_logit_classifier: Path, tmp_path: Path) -> None:
+    report = export_model(large_logit_classifier, ExportOptions(name="pii", out=tmp_path, runtime="openvino"))
+    assert report["passed"] and report["min_cosine"] > 0.99999
+    assert max(case["allowed_abs_error"] for case in report["cases"]) > 10 * TOLERANCE  # logits in the tens
+    saved = json.loads((tmp_path / "pii_encoder" / "verification.json").read_text())
+    assert saved["bound"] == "max |Δ| <= 1e-05 x (1 + max |reference|) per batch"
+
+
+def test_a_broken_export_fails_with_one_paragraph(large_logit_classifier: Path, tmp_path: Path, monkeypatch,
+                                                  capsys) -> None:
+    """An encoder 0.1 % off (relative) still fails the scaled bound: at the command line a one-paragraph
+    message, exit 1, no traceback, and nothing left in the repository."""
+    from pooltriton.cli import main
+    from pooltriton.export import verify as verify_module
+
+    real = verify_module.openvino_runner
+
+    def off_by_a_little(path, precision, device):
+        runner = real(path, precision, device)
+        return Runner(lambda feeds: runner.run(feeds) * np.float32(1.001), runner.precision)
+
+    monkeypatch.setattr(verify_module, "openvino_runner", off_by_a_little)
+    code = main(["export", str(large_logit_classifier), "--name", "pii", "--out", str(tmp_path),
+                 "--runtime", "openvino"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    message = err.strip().splitlines()[-1]
+    assert message.startswith("pooltriton export: verification failed: the openvino fp32 encoder differs from "
+                              "PyTorch beyond its bound"), err
+    assert "FAILED" in err and "--tolerance" in message and not list(tmp_path.iterdir())
+    # The same file with a tolerance that admits 0.1 %: exported, and the report says which bound held.
+    assert main(["export", str(large_logit_classifier), "--name", "pii", "--out", str(tmp_path),
+                 "--runtime", "openvino", "--tolerance", "0.01"]) == 0
+    assert json.loads((tmp_path / "pii_encoder" / "verification.json").read_text())["tolerance"] == 0.01

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import openvino as ov
+import triton_python_backend_utils as pb_utils
 
 from pooltriton.backends.common import ModelArgs
 from pooltriton.backends.shim import EncoderShim
-from pooltriton.runtimes import openvino_properties
+from pooltriton.capabilities import load_warning
+from pooltriton.runtimes import BF16, FP32, openvino_precision, openvino_properties
 
 
 class TritonPythonModel(EncoderShim):
@@ -29,6 +31,10 @@ class TritonPythonModel(EncoderShim):
         latency = core.compile_model(str(path), "CPU", {**properties, "NUM_STREAMS": "1",
                                                           "PERFORMANCE_HINT": "LATENCY"})
         self.request = latency.create_infer_request()
+        requested = BF16 if properties["INFERENCE_PRECISION_HINT"] == "bf16" else FP32
+        warning = load_warning(requested, openvino_precision(latency))
+        if warning:
+            pb_utils.Logger.log_warn(f"{model.name}: {warning}")
         self.outputs = [latency.output(name) for name in self.output_names]
         self.queue = None
         if streams > 1:

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import triton_python_backend_utils as pb_utils
 
 from pooltriton.backends.common import ModelArgs
 from pooltriton.backends.shim import EncoderShim
+from pooltriton.capabilities import load_warning
+from pooltriton.runtimes import torchscript_precision
 
 
 class TritonPythonModel(EncoderShim):
@@ -24,6 +27,11 @@ class TritonPythonModel(EncoderShim):
             torch.set_num_threads(threads)
         self.device = torch.device(model.device)
         self.module = torch.jit.load(str(path), map_location=self.device).eval()
+        if self.device.type == "cpu":
+            precision = torchscript_precision(self.module)
+            warning = load_warning(precision, precision)
+            if warning:
+                pb_utils.Logger.log_warn(f"{model.name}: {warning}")
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         with torch.inference_mode():

@@ -1,0 +1,168 @@
+"""Precision is chosen by what the CPU really runs: both branches of every capability decision.
+
+The branch this host has runs for real (export, OpenVINO compilation, a served stage); the branch it
+lacks is exercised through the detection override (POOLTRITON_CPU_FLAGS), and where a real run of
+that branch cannot happen here the test says so in its skip reason.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_models import build
+
+from pooltriton.capabilities import OVERRIDE_ENV, PrecisionError, choose_precision, detect, load_warning
+from pooltriton.clients import PoolingClient
+from pooltriton.defaults import DEFAULT_MODELS, exported_defaults
+from pooltriton.export.build import ExportOptions, export_model
+
+from conftest import REPOSITORY, start_server
+
+HOST = detect()
+AVX2 = detect("fpu sse2 avx fma avx2")  # e.g. AMD EPYC family 25 as issue 9 found it
+BF16 = detect("avx2 fma avx512f avx512_vnni avx512_bf16")  # e.g. Sapphire Rapids without AMX
+BF16_FLAGS_TEXT = "avx2 fma avx512f avx512_bf16"
+AMX = detect("avx2 avx512f avx512_bf16 amx_tile amx_bf16 amx_int8")
+NO_BF16_HERE = "this host runs bf16 natively: the no-bf16 branch is covered through the override only"
+BF16_HERE = "this host has no AVX512-BF16/AMX: the bf16 branch is covered through the override only"
+
+
+def test_detection_reads_the_cpu_and_the_runtimes() -> None:
+    flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0]
+    assert ("avx2" in HOST.flags) == (" avx2" in flags)
+    assert HOST.bf16 == any(f" {flag}" in flags for flag in ("avx512_bf16", "amx_bf16"))
+    assert HOST.openvino is not None and "FP32" in HOST.openvino
+    assert ("BF16" in HOST.openvino) == HOST.bf16  # the CPU flags and OpenVINO agree on this host
+    assert HOST.torch and HOST.onnxruntime and "CPUExecutionProvider" in HOST.onnxruntime
+
+
+def test_override_classes() -> None:
+    assert (AVX2.cpu_class, AVX2.bf16, AVX2.vnni) == ("avx2", False, False)
+    assert (BF16.cpu_class, BF16.bf16, BF16.vnni) == ("avx512-bf16", True, True)
+    assert AMX.cpu_class == "amx" and AMX.bf16
+    assert detect("avx2 avx512f avx512_vnni").cpu_class == "avx512-vnni"
+    assert AVX2.source == OVERRIDE_ENV and "BF16" not in AVX2.openvino and "BF16" in BF16.openvino
+
+
+@pytest.mark.parametrize("runtime", ["openvino", "torchscript"])
+def test_auto_picks_bf16_only_where_it_runs_natively(runtime: str) -> None:
+    assert choose_precision(runtime, "auto", "cpu", BF16)[0] == "bf16"
+    assert choose_precision(runtime, "auto", "cpu", AMX)[0] == "bf16"
+    precision, reason = choose_precision(runtime, "auto", "cpu", AVX2)
+    assert precision == "fp32" and "avx512_bf16" in reason
+    assert choose_precision("onnx", "auto", "cpu", BF16)[0] == "fp32"  # ONNX Runtime here serves fp32 only
+    assert choose_precision("torchscript", "auto", "cuda", AVX2)[0] == "fp16"  # the GPU decides, not the CPU
+
+
+def test_an_explicit_precision_the_cpu_cannot_run_is_refused() -> None:
+    with pytest.raises(PrecisionError, match="needs a CPU with avx512_bf16 or amx_bf16"):
+        choose_precision("openvino", "bf16", "cpu", AVX2)
+    with pytest.raises(PrecisionError, match="avx512_fp16"):
+        choose_precision("torchscript", "fp16", "cpu", BF16)
+    assert choose_precision("openvino", "bf16", "cpu", BF16) == ("bf16", "as asked")
+    assert choose_precision("openvino", "fp32", "cpu", AVX2) == ("fp32", "as asked")
+
+
+def test_default_models_follow_the_cpu() -> None:
+    assert exported_defaults(AVX2) == ["minilm", "minilm_tokens", "rampart"]
+    assert exported_defaults(BF16) == [model.name for model in DEFAULT_MODELS]
+    bf16_model = next(model for model in DEFAULT_MODELS if model.name == "minilm_bf16")
+    assert "does not run bf16 natively" in bf16_model.unsupported(AVX2) and bf16_model.unsupported(AMX) is None
+
+
+def test_the_default_repository_has_what_this_cpu_runs() -> None:
+    for name in (model.name for model in DEFAULT_MODELS):
+        assert (REPOSITORY / name).is_dir() == (name in exported_defaults(HOST)), name
+
+
+def test_stage_load_warning_both_branches() -> None:
+    assert "computes it in fp32" in load_warning("bf16", "fp32", AVX2)
+    assert "emulated" in load_warning("bf16", "bf16", AVX2)
+    assert load_warning("bf16", "bf16", BF16) is None and load_warning("fp32", "fp32", AVX2) is None
+
+
+def test_capabilities_command(capsys) -> None:
+    from pooltriton.cli import main
+
+    assert main(["capabilities"]) == 0
+    out = capsys.readouterr().out
+    assert f"({HOST.cpu_class})" in out and "OPTIMIZATION_CAPABILITIES" in out and "--precision auto" in out
+    assert main(["capabilities", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["class"] == HOST.cpu_class and summary["auto_precision"]["onnx"] == "fp32"
+
+
+@pytest.fixture(scope="module")
+def tiny_embedder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("tiny"), "bert", "embed", sentence_transformers_pooling="mean_tokens")
+
+
+def _export(folder: Path, out: Path, name: str, precision: str, monkeypatch=None, flags: str | None = None,
+            capsys=None) -> tuple[int, str]:
+    from pooltriton.cli import main
+
+    if flags is not None:
+        monkeypatch.setenv(OVERRIDE_ENV, flags)
+    code = main(["export", str(folder), "--name", name, "--out", str(out), "--runtime", "openvino",
+                 "--precision", precision])
+    return code, capsys.readouterr().err if capsys else ""
+
+
+def test_auto_export_runs_what_it_reports(tiny_embedder: Path, tmp_path: Path, capsys) -> None:
+    """Real export on this host: auto's choice is what OpenVINO really compiled, read back."""
+    code, err = _export(tiny_embedder, tmp_path, "auto", "auto", capsys=capsys)
+    assert code == 0, err
+    expected = "bf16" if HOST.bf16 else "fp32"
+    assert f"--precision auto: {expected}" in err and f"ran {expected}" in err
+    report = json.loads((tmp_path / "auto_encoder" / "verification.json").read_text())
+    assert report["precision"] == report["executed_precision"] == expected and report["passed"]
+    assert report["capabilities"]["class"] == HOST.cpu_class
+    config = (tmp_path / "auto_encoder" / "config.pbtxt").read_text()
+    assert f'"HINT_BF16" value: {{ string_value: "{"YES" if HOST.bf16 else "NO"}" }}' in config
+
+
+@pytest.mark.skipif(HOST.bf16, reason=NO_BF16_HERE)
+def test_bf16_is_refused_on_a_cpu_without_it(tiny_embedder: Path, tmp_path: Path, capsys) -> None:
+    code, err = _export(tiny_embedder, tmp_path, "x", "bf16", capsys=capsys)
+    assert code == 2 and "needs a CPU with avx512_bf16 or amx_bf16" in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_verification_reads_back_what_openvino_compiled(tiny_embedder: Path, tmp_path: Path, monkeypatch,
+                                                         capsys) -> None:
+    """Told (falsely, on an AVX2 host) that the CPU has bf16, the export asks OpenVINO for bf16: the
+    compiled model's read-back precision decides. Without bf16 the export fails and writes nothing;
+    with it the export passes and records bf16."""
+    code, err = _export(tiny_embedder, tmp_path, "x", "bf16", monkeypatch, BF16_FLAGS_TEXT, capsys)
+    if HOST.bf16:
+        assert code == 0, err
+        report = json.loads((tmp_path / "x_encoder" / "verification.json").read_text())
+        assert report["executed_precision"] == "bf16"
+    else:
+        assert code == 1, err
+        assert "asked for bf16 but compiled the encoder in fp32" in err and "Traceback" not in err
+        assert not list(tmp_path.glob("x*"))
+
+
+def test_a_stage_warns_when_its_export_precision_does_not_run_here(tiny_embedder: Path, tmp_path: Path) -> None:
+    """A repository exported for bf16 (config HINT_BF16 YES, as on a bf16 machine) served here: the
+    encoder logs a warning where this CPU has no bf16, and none where it has; answers stay exact."""
+    export_model(tiny_embedder, ExportOptions(name="tiny", out=tmp_path, runtime="openvino"))
+    config = tmp_path / "tiny_encoder" / "config.pbtxt"
+    text = config.read_text()
+    config.write_text(text.replace('"HINT_BF16" value: { string_value: "NO" }',
+                                   '"HINT_BF16" value: { string_value: "YES" }'))
+    assert config.read_text() != text
+    log = tmp_path / "server.log"
+    server = start_server(tmp_path, log)
+    try:
+        with PoolingClient(server.grpc_url, protocol="grpc") as client:
+            vectors = client.embed(["one two three", "query"], model="tiny")
+    finally:
+        assert server.stop() == 0
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    warned = "tiny_encoder: exported for bf16, but this CPU" in log.read_text()
+    assert warned == (not HOST.bf16), log.read_text()[-3000:]
