@@ -38,7 +38,7 @@ test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: setup
-	$(PY) -m pooltriton.clients.bench --out bench_results
+	$(PY) bench/bench.py --out bench_results
 
 # On a machine with one NVIDIA GPU and torch (CUDA), onnx, onnxruntime, transformers, tokenizers:
 # `scripts/gpu_bench.sh MODEL_DIR wheelhouse` (no internet needed). Here it runs on the CPU.

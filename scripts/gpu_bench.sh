@@ -60,6 +60,6 @@ if [[ "$PRECISION" != fp32 ]]; then
 fi
 echo "exported in $((SECONDS - started)) s"
 # The benchmark stops by itself: fixed corpus, fixed passes; `timeout` is the 8-minute guard.
-timeout 420 $PYTHON -m pooltriton.clients.bench --repository "$REPO" --out "$OUT" --texts "$TEXTS" \
+timeout 420 $PYTHON bench/bench.py --repository "$REPO" --out "$OUT" --texts "$TEXTS" \
   --concurrency "$CONCURRENCY" --models "$MODELS" --latency-texts 50
 echo "total $((SECONDS - started)) s; results in $OUT/bench.json, $OUT/throughput.png"

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from pooltriton.backends.assemble import assemble
-from pooltriton.backends.server import TritonServer
-from pooltriton.clients import PoolingClient
-from pooltriton.defaults import minilm_path
+from pooltriton.client import PoolingClient
+from pooltriton.export.defaults import minilm_path
+from pooltriton.server.assemble import assemble
+from pooltriton.server.launcher import TritonServer
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = Path(os.environ.get("POOLTRITON_REPOSITORY", ROOT / "model_repository"))
@@ -48,7 +48,7 @@ def running_gateway(grpc_url: str, repository: Path, api_key: str | None = None)
     """The HTTP gateway in a thread of this process (uvicorn), on a free port; yields its base URL."""
     import uvicorn
 
-    from pooltriton.clients.gateway import create_app
+    from pooltriton.gateway.app import create_app
 
     port = free_port()
     gateway = uvicorn.Server(uvicorn.Config(create_app(grpc_url, repository, api_key=api_key), host="127.0.0.1",

@@ -8,15 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pooltriton.capabilities import detect
+from pooltriton.core.capabilities import detect
 
 from conftest import REPOSITORY
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench.py"
 
 
 def test_benchmark_end_to_end(tmp_path) -> None:
     out = tmp_path / "bench"
     result = subprocess.run(
-        [sys.executable, "-m", "pooltriton.clients.bench", "--repository", str(REPOSITORY), "--out", str(out),
+        [sys.executable, str(BENCH), "--repository", str(REPOSITORY), "--out", str(out),
          "--texts", "48", "--concurrency", "1,2", "--latency-texts", "3"],
         capture_output=True, text=True, timeout=600,
     )

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from tiny_models import build
 
-from pooltriton.capabilities import OVERRIDE_ENV, PrecisionError, choose_precision, detect, load_warning
-from pooltriton.clients import PoolingClient
-from pooltriton.defaults import DEFAULT_MODELS, exported_defaults
+from pooltriton.client import PoolingClient
+from pooltriton.core.capabilities import OVERRIDE_ENV, PrecisionError, choose_precision, detect, load_warning
 from pooltriton.export.build import ExportOptions, export_model
+from pooltriton.export.defaults import DEFAULT_MODELS, exported_defaults
 
 from conftest import REPOSITORY, start_server
 

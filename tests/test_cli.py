@@ -9,7 +9,7 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("module", ["pooltriton.cli", "pooltriton.clients"])
+@pytest.mark.parametrize("module", ["pooltriton.cli", "pooltriton.client"])
 def test_help(module: str) -> None:
     out = subprocess.run([sys.executable, "-m", module, "--help"], check=True, capture_output=True, text=True)
     assert "usage" in out.stdout
@@ -19,7 +19,7 @@ def test_help(module: str) -> None:
 def test_client_cli_prints_json(server, protocol: str) -> None:
     url = server.http_url if protocol == "http" else server.grpc_url
     out = subprocess.run(
-        [sys.executable, "-m", "pooltriton.clients", "--url", url, "--protocol", protocol,
+        [sys.executable, "-m", "pooltriton.client", "--url", url, "--protocol", protocol,
          "embed", "A man is eating food.", "hello"],
         check=True, capture_output=True, text=True,
     ).stdout

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from pooltriton.clients import AsyncPoolingClient
-from pooltriton.clients.triton import _retryable
+from pooltriton.client import AsyncPoolingClient
+from pooltriton.contract.requests import classify
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -40,9 +40,11 @@ def test_tokenize_uses_the_model_tokenizer(client, minilm_st) -> None:
 
 
 def test_only_unavailable_is_retried() -> None:
-    assert _retryable(InferenceServerException("down", status="StatusCode.UNAVAILABLE"))
-    assert not _retryable(InferenceServerException("bad", status="StatusCode.INVALID_ARGUMENT"))
-    assert not _retryable(ValueError("x"))
+    assert classify(InferenceServerException("down", status="StatusCode.UNAVAILABLE")).retryable
+    assert classify(InferenceServerException("down", status="503")).retryable  # the HTTP client's form
+    assert not classify(InferenceServerException("bad", status="StatusCode.INVALID_ARGUMENT")).retryable
+    assert classify(InferenceServerException("bad", status="400")).status == 400
+    assert not classify(ValueError("x")).retryable
 
 
 @pytest.mark.parametrize(("command", "message"), [
@@ -50,7 +52,7 @@ def test_only_unavailable_is_retried() -> None:
     (["embed", "word " * 300], "limit of 256 tokens"),
 ])
 def test_cli_errors_are_clear(server, command, message) -> None:
-    result = subprocess.run([sys.executable, "-m", "pooltriton.clients", "--url", server.http_url, *command],
+    result = subprocess.run([sys.executable, "-m", "pooltriton.client", "--url", server.http_url, *command],
                             capture_output=True, text=True)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
@@ -60,6 +62,6 @@ def test_cli_errors_are_clear(server, command, message) -> None:
     ["score", "A man eats.", "Someone eats."], ["encode", "--model", "rampart", "Mail john@example.com"],
 ])
 def test_cli_commands(server, command) -> None:
-    out = subprocess.run([sys.executable, "-m", "pooltriton.clients", "--url", server.http_url, *command],
+    out = subprocess.run([sys.executable, "-m", "pooltriton.client", "--url", server.http_url, *command],
                          check=True, capture_output=True, text=True).stdout
     assert json.loads(out)["model"] == "minilm" or "rampart" in command

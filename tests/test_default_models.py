@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForTokenClassification, PreTrainedTokenizerFast
 
-from pooltriton.activation import normalize, softmax
-from pooltriton.defaults import rampart_path
+from pooltriton.core.activation import normalize, softmax
+from pooltriton.export.defaults import rampart_path
 
 from corpus import varied_texts
 

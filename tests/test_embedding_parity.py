@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pooltriton.capabilities import detect
+from pooltriton.core.capabilities import detect
 
 from corpus import texts_by_token_length, varied_texts
 
@@ -65,7 +65,7 @@ def test_use_activation_false_returns_unnormalised_mean(client, minilm_st) -> No
 def test_bf16_export_meets_the_reduced_precision_bound(grpc_client, minilm_st, texts) -> None:
     """minilm_bf16 (OpenVINO bf16) against fp32 sentence-transformers, on the benchmark corpus and
     this file's unicode-heavy texts: issue 5's bound is mean cosine >= 0.995, min >= 0.98."""
-    from pooltriton.clients.bench import corpus
+    from bench.bench import corpus
 
     for sample in (corpus(400), texts):
         reference = minilm_st.encode(sample, normalize_embeddings=True, batch_size=32, convert_to_numpy=True)

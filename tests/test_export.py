@@ -11,13 +11,13 @@ import pytest
 import torch
 from tiny_models import build
 
-from pooltriton.capabilities import detect
-from pooltriton.defaults import minilm_path
+from pooltriton.core.capabilities import detect
+from pooltriton.core.resolve import resolve
+from pooltriton.core.tokenization import TextTokenizer
 from pooltriton.export.build import ExportOptions, export_model
+from pooltriton.export.defaults import minilm_path
 from pooltriton.export.encoder import load_encoder
 from pooltriton.export.verify import MEAN_COSINE, MIN_COSINE, TOLERANCE, Runner, VerificationError, verify
-from pooltriton.resolve import resolve
-from pooltriton.tokenization import TextTokenizer
 
 from conftest import REPOSITORY
 

@@ -205,7 +205,7 @@ def test_triton_unavailable_is_503(tmp_path) -> None:
 
 def test_committed_openapi_document_is_current(http) -> None:
     """docs/openapi.json is the gateway's published contract: regenerate it when routes change
-    (python -m pooltriton.clients.gateway --write-openapi docs/openapi.json)."""
+    (python -m pooltriton.gateway.app --write-openapi docs/openapi.json)."""
     import json
     from pathlib import Path
 

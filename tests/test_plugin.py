@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from pooltriton.plugin_examples import DEFAULT_TEMPLATE
-from pooltriton.plugins import IOProcessor, get_plugin, register
+from pooltriton.core.plugins import IOProcessor, get_plugin, register
+from pooltriton.examples.zero_shot import DEFAULT_TEMPLATE
 
 LABELS = ["sports", "cooking", "finance"]
 TEXTS = ["The striker scored twice in the final.", "Whisk the eggs with sugar.", "Stocks fell after the report."]

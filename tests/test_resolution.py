@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pooltriton.resolve import ResolutionError, resolve
+from pooltriton.core.resolve import ResolutionError, resolve
 
 
 def model_dir(tmp_path: Path, architecture: str, model_type: str, *, st_pooling: dict | None = None,

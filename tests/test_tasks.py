@@ -22,10 +22,10 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from pooltriton.activation import normalize, sigmoid, softmax
-from pooltriton.clients import PoolingClient
-from pooltriton.defaults import minilm_path, rampart_path
+from pooltriton.client import PoolingClient
+from pooltriton.core.activation import normalize, sigmoid, softmax
 from pooltriton.export.build import ExportOptions, export_model
+from pooltriton.export.defaults import minilm_path, rampart_path
 
 from conftest import running_gateway, start_server
 from corpus import varied_texts
@@ -245,8 +245,8 @@ def test_scoring_shape_mismatch_is_a_clear_error(served) -> None:
 @pytest.mark.parametrize("family", ["gpt2", "qwen2", "llama"])
 def test_last_pooling_takes_the_last_real_token_under_either_padding_side(tiny_root: Path, family: str) -> None:
     """The exported graph's mask and positions make left- and right-padded rows answer alike."""
+    from pooltriton.core.resolve import resolve
     from pooltriton.export.encoder import load_encoder
-    from pooltriton.resolve import resolve
 
     case = next(c for c in CASES if c.family == family and c.reference == "LAST")
     folder = folder_of(tiny_root, case)

@@ -5,16 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pooltriton.backends.ragged import RaggedStats, plan_chunks, run_ragged, sequentially
-from pooltriton.defaults import minilm_path
-from pooltriton.repository import DynamicBatching, ModelConfig, Tensor
-from pooltriton.resolve import resolve
-from pooltriton.semantics import Activation, PoolingType, Task, Truncation
-from pooltriton.tokenization import InputError, TextTokenizer
+from pooltriton.contract.config import DynamicBatching, ModelConfig, Tensor
+from pooltriton.core.resolve import resolve
+from pooltriton.core.semantics import Activation, PoolingType, Task, Truncation
+from pooltriton.core.tokenization import InputError, TextTokenizer
+from pooltriton.export.defaults import minilm_path
 
 
 def test_minilm_resolves_from_sentence_transformers_metadata() -> None:
@@ -131,3 +132,54 @@ def test_run_ragged_equals_one_by_one() -> None:
     np.testing.assert_allclose(rounded[0]["pooled"], merged[0]["pooled"], rtol=1e-6)
     assert rounded[0]["tokens"].shape == merged[0]["tokens"].shape
     assert rounded_stats.computed_tokens == 4 and rounded_stats.real_tokens == 2  # 2 real -> width 4
+
+
+# Each layer (a folder of src/pooltriton) and the layers it may import (docs/architecture.md).
+LAYERS = {
+    "core": {"core"},
+    "contract": {"core", "contract"},
+    "export": {"core", "contract", "export"},
+    "backends": {"core", "contract", "backends"},
+    "server": {"core", "contract", "server"},
+    "client": {"core", "contract", "client"},
+    "gateway": {"core", "contract", "client", "gateway"},
+    "examples": {"core", "contract", "examples"},
+}
+
+
+def test_layers_import_downward_only() -> None:
+    import ast
+
+    import pooltriton
+
+    package = Path(pooltriton.__file__).parent
+    assert {p.name for p in package.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(LAYERS)
+    wrong = []
+    for layer, allowed in LAYERS.items():
+        for path in (package / layer).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                         else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+                for name in names:
+                    parts = name.split(".")
+                    if parts[0] == "pooltriton" and (len(parts) < 2 or parts[1] not in allowed):
+                        wrong.append(f"{path.relative_to(package)} imports {name}")
+    assert not wrong, wrong
+
+
+def test_model_facts_are_resolved_once(tmp_path) -> None:
+    """The resolver decides decoder or encoder and head kind; the encoder wrapper only reads them."""
+    for model_type, architecture, causal, pooling in [
+        ("qwen3", "Qwen3Model", True, PoolingType.LAST), ("gemma3", "Gemma3Model", True, PoolingType.LAST),
+        ("bert", "BertModel", False, PoolingType.CLS), ("bert", "BertLMHeadModel", True, PoolingType.LAST),
+    ]:
+        (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type, "architectures": [architecture]}))
+        config = resolve(tmp_path)
+        assert (config.causal, config.pooling_type) == (causal, pooling), model_type
+        assert config.to_json()["causal"] == causal
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "num_labels": 2,
+                                                      "architectures": ["BertForSequenceClassification"]}))
+    assert resolve(tmp_path).self_pooling_head
+    from pooltriton.export import encoder
+
+    assert "model_type" not in Path(encoder.__file__).read_text()  # no second list of families there

@@ -1,0 +1,387 @@
+"""Benchmark: the served `minilm` ensemble against an in-process baseline B, in one run.
+
+    python -m pooltriton.client.bench [--texts 2000] [--out bench_results]
+
+B = `tokenizers` + ONNX Runtime on the exported MiniLM graph (pooling inside, normalisation after),
+batches of 32 texts sorted by length, 2 intra-op threads. The served path is measured through a
+real tritonserver (started here unless --grpc-url is given) with tritonclient's asyncio gRPC
+client: `concurrency` clients each sending requests of `batch` texts. Prints a table, writes JSON
+and a PNG plot (throughput vs concurrency). Bounded: a fixed corpus, a fixed number of passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from pooltriton.client.triton import AsyncPoolingClient
+from pooltriton.contract import TEXT, stages
+from pooltriton.contract.requests import TritonRequest
+from pooltriton.core.capabilities import detect
+from pooltriton.export.defaults import exported_defaults
+
+WORDS = (
+    "the a of and to in is was for on that with as by at from it an be this are or have not which "
+    "model server embedding vector token batch latency throughput request response python triton "
+    "pooling sentence semantic search retrieval ranking query document passage context window "
+    "internationalization counterrevolutionary electroencephalography incomprehensibilities "
+    "hello, world. (parenthetical) [bracketed] e-mail: x@y.org; 3.14 100% $5 — ok! why? #tag"
+).split()
+PAUSE_S = 0.1  # between single-text calls
+SHORT_WORDS = "the a model server text query fast small test vector search data".split()
+
+
+def corpus(count: int = 2000, seed: int = 0) -> list[str]:
+    """Deterministic texts of 5-120 words (long words and punctuation included)."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 120))) for _ in range(count)]
+
+
+def short_corpus(count: int = 2000, seed: int = 1) -> list[str]:
+    """Texts of about 32 tokens."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(SHORT_WORDS) for _ in range(30)) for _ in range(count)]
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000  # noqa: E731
+    return {"p50_ms": pick(0.50), "p90_ms": pick(0.90), "p99_ms": pick(0.99)}
+
+
+# ---- baseline B -----------------------------------------------------------------------------------
+class Baseline:
+    """B: the model's own encoder file run in this process. model.onnx runs on ONNX Runtime (CPU);
+    a TorchScript model.pt (the GPU export) runs on the device its config names, in its precision."""
+
+    def __init__(self, repository: Path, model: str = "minilm", threads: int = 2) -> None:
+        from pooltriton.core.tokenization import TextTokenizer
+
+        max_length = json.loads((repository / model / "pooler_config.json").read_text())["max_length"]
+        names = stages(model)
+        self.tokenizer = TextTokenizer(str(repository / names.tokenizer / "1" / "tokenizer.json"), max_length)
+        encoder = repository / names.encoder
+        if (encoder / "1" / "model.pt").is_file():
+            import torch
+
+            from pooltriton.export.verify import torchscript_runner
+
+            config = (encoder / "config.pbtxt").read_text()
+            self.device = "cuda" if "KIND_GPU" in config else "cpu"
+            torch.set_num_threads(threads)
+            # The export's own runner; its .cpu() waits for the GPU, so timings are complete.
+            run = torchscript_runner(encoder / "1" / "model.pt", "", self.device).run
+            # Feeds go in the order of the config's inputs (the INT64 tensors).
+            self.inputs = [line.split('"')[1] for line in config.splitlines() if "TYPE_INT64" in line]
+        else:
+            import onnxruntime as ort
+
+            self.device = "cpu"
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            session = ort.InferenceSession(str(encoder / "1" / "model.onnx"), options,
+                                           providers=["CPUExecutionProvider"])
+            self.inputs = [i.name for i in session.get_inputs()]
+
+            def run(feeds: dict[str, np.ndarray]) -> np.ndarray:
+                return session.run(None, feeds)[0]
+        self.run = run
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        from pooltriton.core.activation import normalize
+
+        batch = self.tokenizer(texts)
+        feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+                 "token_type_ids": batch.token_type_ids}
+        return normalize(self.run({n: feeds[n] for n in self.inputs}))
+
+    def throughput(self, texts: list[str], batch: int = 32, sort: bool = True) -> dict:
+        started = time.perf_counter()
+        lengths = self.tokenizer.lengths(texts)
+        order = sorted(range(len(texts)), key=lambda i: lengths[i]) if sort else list(range(len(texts)))
+        computed = 0
+        for start in range(0, len(order), batch):
+            chunk = [texts[i] for i in order[start : start + batch]]
+            computed += len(chunk) * max(lengths[i] for i in order[start : start + batch])
+            self.embed(chunk)
+        seconds = time.perf_counter() - started
+        real = sum(lengths)
+        return {"texts_per_s": len(texts) / seconds, "tokens_per_s": real / seconds, "seconds": seconds,
+                "real_tokens": real, "padding_pct": 100 * (computed - real) / computed}
+
+
+
+# ---- served path ----------------------------------------------------------------------------------
+async def _stats(client, names: tuple[str, ...]) -> dict[str, dict]:
+    stats = await client.get_inference_statistics(as_json=True)
+    out = {}
+    for model in stats.get("model_stats", []):
+        if model["name"] in names:
+            infer = model.get("inference_stats", {})
+            out[model["name"]] = {
+                "inferences": int(model.get("inference_count", 0)),
+                "executions": int(model.get("execution_count", 0)),
+                "compute_ns": sum(int(infer.get(k, {}).get("ns", 0)) for k in
+                                  ("compute_input", "compute_infer", "compute_output")),
+                "queue_ns": int(infer.get("queue", {}).get("ns", 0)),
+            }
+    return out
+
+
+def _metric(metrics_url: str | None, name: str, model: str) -> float:
+    if not metrics_url:
+        return 0.0
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    match = re.search(rf'^{name}{{model="{model}"}} ([0-9.e+]+)$', text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+async def served(grpc_url: str, texts: list[str], concurrency: int, batch: int, model: str = "minilm",
+                 metrics_url: str | None = None, real_tokens: int | None = None) -> dict:
+    client = AsyncPoolingClient(grpc_url)
+    names = stages(model)
+    timed = (names.tokenizer, names.encoder, names.pooler)
+    before = await _stats(client.server, timed)
+    padding_before = _metric(metrics_url, "pooltriton_padding_tokens_total", names.encoder)
+    tokens_before = _metric(metrics_url, "pooltriton_tokens_total", names.encoder)
+    requests = [texts[i : i + batch] for i in range(0, len(texts), batch)]
+    queue: asyncio.Queue = asyncio.Queue()
+    for item in requests:
+        queue.put_nowait(item)
+    latencies: list[float] = []
+
+    async def worker() -> None:
+        while not queue.empty():
+            request = TritonRequest(model, {TEXT: queue.get_nowait()}, (), {}, True)
+            started = time.perf_counter()
+            await client.infer(request)
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    seconds = time.perf_counter() - started
+    after = await _stats(client.server, timed)
+    await client.close()
+    padding = _metric(metrics_url, "pooltriton_padding_tokens_total", names.encoder) - padding_before
+    tokens = _metric(metrics_url, "pooltriton_tokens_total", names.encoder) - tokens_before
+    delta = {name: {k: after[name][k] - before.get(name, {}).get(k, 0) for k in after[name]} for name in after}
+    compute = sum(d["compute_ns"] for d in delta.values()) or 1
+    encoder = delta.get(names.encoder, {"inferences": 0, "executions": 1})
+    real = real_tokens if real_tokens is not None else tokens
+    return {
+        "model": model, "concurrency": concurrency, "batch": batch, "texts_per_s": len(texts) / seconds,
+        "tokens_per_s": real / seconds, "seconds": seconds, **percentiles(latencies),
+        "padding_pct": 100 * padding / (padding + tokens) if tokens else None,
+        "avg_encoder_batch": encoder["inferences"] / max(encoder["executions"], 1),
+        "time_share_pct": {name.removeprefix(f"{model}_"): 100 * d["compute_ns"] / compute
+                           for name, d in delta.items()},
+    }
+
+
+async def single_text_latency(grpc_url: str, texts: list[str], baseline: Baseline,
+                              models: tuple[str, ...]) -> dict[str, dict]:
+    """One text at a time, B and every served model in turn for each text, so that a slow moment of
+    a shared machine hits all of them alike instead of one path's whole series. A pause before each
+    call lets the previous path's threads go idle: ONNX Runtime's and OpenVINO's pools spin after a
+    run, and with 20 ms instead of 100 ms one model measured +10 ms only because another ran before it."""
+    client = AsyncPoolingClient(grpc_url)
+    times: dict[str, list[float]] = {"B": [], **{model: [] for model in models}}
+    for text in texts:
+        await asyncio.sleep(PAUSE_S)
+        started = time.perf_counter()
+        baseline.embed([text])
+        times["B"].append(time.perf_counter() - started)
+        for model in models:
+            await asyncio.sleep(PAUSE_S)
+            request = TritonRequest(model, {TEXT: [text]}, (), {}, True)
+            started = time.perf_counter()
+            await client.infer(request)
+            times[model].append(time.perf_counter() - started)
+    await client.close()
+    return {name: percentiles(values) for name, values in times.items()}
+
+
+def tree_peak_rss_mb(pid: int) -> float:
+    """Peak RSS (VmHWM) summed over a process and its children (Triton + its Python stubs)."""
+    total, pids = 0, [pid]
+    while pids:
+        current = pids.pop()
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+            total += int(re.search(r"VmHWM:\s+(\d+)", status).group(1))
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+            pids.extend(int(c) for c in children)
+        except (OSError, AttributeError):
+            continue
+    return total / 1024
+
+
+# ---- the run --------------------------------------------------------------------------------------
+def run(repository: Path, out: Path, count: int, concurrencies: list[int], grpc_url: str | None,
+        metrics_url: str | None, latency_texts: int = 50, models: tuple[str, ...] = ("minilm",)) -> dict:
+    from pooltriton.server.assemble import assemble
+    from pooltriton.server.launcher import TritonServer
+
+    server = None
+    if grpc_url is None:
+        from socket import socket
+
+        def port() -> int:
+            with socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                return sock.getsockname()[1]
+
+        backends = assemble(Path(__file__).resolve().parent.parent / "build" / "backends")
+        server = TritonServer(repository, backends, port(), port(), port(), log_file=out / "server.log").start()
+        server.wait_ready()
+        grpc_url, metrics_url = server.grpc_url, f"http://localhost:{server.metrics_port}/metrics"
+    try:
+        texts, shorts = corpus(count), short_corpus(count)
+        baseline = Baseline(repository)
+        baseline.embed(texts[:8])  # warm-up
+        real_tokens = sum(baseline.tokenizer.lengths(texts))
+        short_tokens = sum(baseline.tokenizer.lengths(shorts))
+        results: dict = {"corpus": {"texts": count, "real_tokens": real_tokens, "short_real_tokens": short_tokens},
+                         "models": list(models), "served": [], "served_short": [], "served_latency": []}
+        results["baseline_sorted"] = baseline.throughput(texts, sort=True)
+        results["baseline_corpus_order"] = baseline.throughput(texts, sort=False)
+        results["baseline_short"] = baseline.throughput(shorts, sort=True)
+        for model in models:
+            asyncio.run(served(grpc_url, texts[:64], 2, 32, model, metrics_url))  # warm-up
+            results["served"] += [asyncio.run(served(grpc_url, texts, c, 32, model, metrics_url, real_tokens))
+                                  for c in concurrencies]
+            results["served_short"].append(asyncio.run(served(grpc_url, shorts, 64, 1, model, metrics_url,
+                                                              short_tokens)))
+        # B again at the end: the ratios use the mean of both, so drift over the run cancels out.
+        before, after = results["baseline_sorted"], baseline.throughput(texts, sort=True)
+        results["baseline_sorted_runs"] = [before["tokens_per_s"], after["tokens_per_s"]]
+        results["baseline_sorted"] = {**before, **{k: (before[k] + after[k]) / 2 for k in
+                                                   ("texts_per_s", "tokens_per_s", "seconds")}}
+        latency = asyncio.run(single_text_latency(grpc_url, texts[:latency_texts], baseline, models))
+        results["baseline_latency"] = latency.pop("B")
+        results["served_latency"] = [{"model": model, **values} for model, values in latency.items()]
+        if server is not None:
+            results["peak_rss_mb"] = tree_peak_rss_mb(server.process.pid)
+    finally:
+        if server is not None:
+            server.stop()
+    return results
+
+
+def table(results: dict) -> str:
+    base = results["baseline_sorted"]["tokens_per_s"]
+    short_base = results["baseline_short"]["tokens_per_s"]
+    rows = [("path", "texts/s", "tokens/s", "x B", "p50 ms", "p90 ms", "p99 ms", "pad %", "avg batch",
+             "share tok/enc/pool")]
+    rows.append(("B in-process, sorted, batch 32 (*)", *_cells(results["baseline_sorted"], base)))
+    rows.append(("B in-process, corpus order", *_cells(results["baseline_corpus_order"], base)))
+    for item in results["served"]:
+        rows.append((f"Triton {item['model']}, {item['concurrency']} clients x 32", *_cells(item, base)))
+    rows.append(("B short texts (~32 tok), sorted", *_cells(results["baseline_short"], short_base)))
+    for item in results["served_short"]:
+        rows.append((f"Triton {item['model']} short, 64 clients x 1", *_cells(item, short_base)))
+    for label, lat in [("B", results["baseline_latency"])] + [
+            (f"Triton {item['model']}", item) for item in results["served_latency"]]:
+        rows.append((f"single text: {label}", "", "", "", f"{lat['p50_ms']:.1f}", f"{lat['p90_ms']:.1f}",
+                     f"{lat['p99_ms']:.1f}", "", "", ""))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    lines = [" | ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    runs = results.get("baseline_sorted_runs")
+    if runs:
+        lines.append(f"(*) mean of B before and after the served runs: {runs[0]:.0f} and {runs[1]:.0f} tokens/s")
+    auto = results.get("machine", {}).get("capabilities", {}).get("auto_precision", {}).get("openvino")
+    if auto:
+        lines.append(f"--precision auto (openvino) on this CPU: {auto}; {_auto_ratio(results, auto)}")
+    if "peak_rss_mb" in results:
+        lines.append(f"peak RSS of tritonserver and its stubs: {results['peak_rss_mb']:.0f} MB")
+    return "\n".join(lines)
+
+
+def _auto_ratio(results: dict, auto: str) -> str:
+    """The auto-chosen precision's best served throughput over fp32's (minilm), measured in this run."""
+    best = {model: max((r["tokens_per_s"] for r in results["served"] if r["model"] == model), default=0.0)
+            for model in results["models"]}
+    model = "minilm" if auto == "fp32" else f"minilm_{auto}"
+    if auto == "fp32":
+        return "the fp32 model is what auto serves (ratio to fp32 1.00)"
+    if best.get(model) and best.get("minilm"):
+        return f"{model} runs at {best[model] / best['minilm']:.2f} x fp32 (best of each)"
+    return f"{model} was not measured"
+
+
+def _cells(item: dict, base: float) -> tuple:
+    share = item.get("time_share_pct")
+    share_text = "/".join(f"{share.get(k, 0):.0f}" for k in ("tokenizer", "encoder", "pooler")) if share else ""
+    return (f"{item['texts_per_s']:.0f}", f"{item['tokens_per_s']:.0f}", f"{item['tokens_per_s'] / base:.2f}",
+            f"{item['p50_ms']:.1f}" if "p50_ms" in item else "", f"{item['p90_ms']:.1f}" if "p90_ms" in item else "",
+            f"{item['p99_ms']:.1f}" if "p99_ms" in item else "",
+            f"{item['padding_pct']:.1f}" if item.get("padding_pct") is not None else "",
+            f"{item['avg_encoder_batch']:.1f}" if "avg_encoder_batch" in item else "", share_text)
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axis = plt.subplots(figsize=(6, 4))
+    for model in results["models"]:
+        rows = [r for r in results["served"] if r["model"] == model]
+        axis.plot([r["concurrency"] for r in rows], [r["tokens_per_s"] for r in rows], marker="o",
+                  label=f"Triton {model} (gRPC, 32 texts/request)")
+    axis.axhline(results["baseline_sorted"]["tokens_per_s"], color="gray", linestyle="--",
+                 label="B in-process (sorted)")
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("concurrent clients")
+    axis.set_ylabel("real tokens / s")
+    axis.set_title("all-MiniLM-L6-v2")
+    axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pooltriton-bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repository", default="model_repository")
+    parser.add_argument("--out", default="bench_results")
+    parser.add_argument("--texts", type=int, default=2000, help="corpus size")
+    parser.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated client counts")
+    parser.add_argument("--grpc-url", help="use a running server instead of starting one")
+    parser.add_argument("--metrics-url", help="its metrics endpoint (for padding %%)")
+    parser.add_argument("--latency-texts", type=int, default=100)
+    parser.add_argument("--models", help="comma-separated served ensembles (MiniLM exports), each measured "
+                        "against B (default: minilm, and minilm_bf16 where this CPU runs bf16)")
+    args = parser.parse_args(argv)
+    capabilities = detect()
+    models = args.models or ",".join(m for m in ("minilm", "minilm_bf16") if m in exported_defaults(capabilities))
+    print(capabilities.report(), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = run(Path(args.repository), out, args.texts, [int(c) for c in args.concurrency.split(",")],
+                  args.grpc_url, args.metrics_url, args.latency_texts, tuple(models.split(",")))
+    results["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                          "capabilities": capabilities.summary()}
+    (out / "bench.json").write_text(json.dumps(results, indent=2))
+    plot(results, out / "throughput.png")
+    print(table(results))
+    print(f"wrote {out / 'bench.json'} and {out / 'throughput.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,5 +1,0 @@
-import sys
-
-from pooltriton.clients.cli import main
-
-sys.exit(main())

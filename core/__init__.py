@@ -1,1 +1,0 @@
-"""pooltriton: pooling models on Triton."""

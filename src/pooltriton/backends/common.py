@@ -1,0 +1,89 @@
+"""Helpers shared by the Python-based backends (imported inside the Triton stub only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import triton_python_backend_utils as pb_utils
+
+from pooltriton.contract.config import read_parameters
+from pooltriton.contract.requests import text_array
+
+
+class ModelArgs:
+    """What `initialize(args)` says about the model: its parsed config, parameters and version folder."""
+
+    def __init__(self, args: dict[str, str]) -> None:
+        self.config: dict[str, Any] = json.loads(args["model_config"])
+        self.parameters = read_parameters(self.config)
+        self.name: str = args["model_name"]
+        self.version_dir = Path(args["model_repository"]) / args["model_version"]
+        # KIND_GPU instances get their GPU here (as the native backends do); everything else runs on CPU.
+        gpu = args.get("model_instance_kind") == "GPU"
+        self.device = f"cuda:{args.get('model_instance_device_id', 0)}" if gpu else "cpu"
+
+    def parameter(self, key: str, default: Any = None) -> Any:
+        """Parameters are strings in config.pbtxt; JSON-decode the ones that hold JSON."""
+        if key not in self.parameters:
+            return default
+        text = self.parameters[key]
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return text
+
+
+def request_parameters(request: Any) -> dict[str, Any]:
+    """KServe request parameters (e.g. {"truncate": "END"}); they reach every model of an ensemble."""
+    raw = request.parameters()
+    return json.loads(raw) if raw else {}
+
+
+def error_response(message: str) -> Any:
+    """A client error (HTTP 400 / gRPC INVALID_ARGUMENT) for this request only."""
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG))
+
+
+def call_model(model: str, inputs: dict[str, list[str]], outputs: list[str],
+               parameters: dict[str, Any]) -> dict[str, Any]:
+    """BLS: send texts ([n, 1] BYTES per input) to another model of this server and read its outputs.
+    An error from it (bad input, over-length, ...) becomes an InputError for the caller's request."""
+    from pooltriton.core.tokenization import InputError
+
+    tensors = [pb_utils.Tensor(name, text_array(texts, batched=True)) for name, texts in inputs.items()]
+    response = pb_utils.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=outputs,
+                                         parameters=parameters).exec()
+    if response.has_error():
+        raise InputError(response.error().message())
+    return {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in outputs}
+
+
+def input_array(request: Any, name: str) -> Any:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+class Counters:
+    """Custom Prometheus counters (Triton's metrics port), labelled with the model name.
+
+    pooltriton_tokens_total: real tokens the encoder computed on; pooltriton_padding_tokens_total:
+    padding positions it computed on as well; pooltriton_truncations_total: texts the tokenizer cut.
+    """
+
+    DESCRIPTIONS: ClassVar[dict[str, str]] = {
+        "pooltriton_tokens_total": "Real (non-padding) tokens processed",
+        "pooltriton_padding_tokens_total": "Padding positions computed by the encoder",
+        "pooltriton_truncations_total": "Texts truncated to the model's limit on request",
+    }
+
+    def __init__(self, model: str, names: tuple[str, ...]) -> None:
+        # Families must outlive their metrics: keep both.
+        self._families = {name: pb_utils.MetricFamily(name=name, description=self.DESCRIPTIONS[name],
+                                                      kind=pb_utils.MetricFamily.COUNTER) for name in names}
+        self._metrics = {name: family.Metric(labels={"model": model}) for name, family in self._families.items()}
+
+    def add(self, name: str, value: int) -> None:
+        if value:
+            self._metrics[name].increment(value)

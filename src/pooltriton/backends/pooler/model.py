@@ -1,0 +1,55 @@
+"""Pooler/activation stage: the encoder's output -> the public answer.
+
+Sequence tasks: [n, C] -> activation (normalise / softmax / sigmoid / identity) -> [n, C].
+Token tasks: [n, L, C] -> each text's real tokens (STEP: only its step-tag positions), activated,
+concatenated to [T, C], plus TOKEN_COUNTS [n, 1] saying how many rows belong to each text.
+Per-request parameter "use_activation": false returns raw vectors / logits (vLLM's option).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from pooltriton.backends.common import ModelArgs, error_response, input_array, request_parameters
+from pooltriton.contract import ATTENTION_MASK, ENCODER_OUTPUT, INPUT_IDS, OUTPUT_NAMES, TOKEN_COUNTS
+from pooltriton.core.activation import apply_activation
+from pooltriton.core.semantics import Activation, Task
+
+
+def real_token_rows(values: np.ndarray, mask: np.ndarray, ids: np.ndarray | None,
+                    step_tag_id: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """[n, L, C] -> ([T, C], counts [n, 1]): no padding row leaves this function."""
+    keep = mask.astype(bool)
+    if step_tag_id is not None:
+        keep &= ids == step_tag_id
+    counts = keep.sum(axis=1, dtype=np.int64).reshape(-1, 1)
+    return values[keep], counts
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        model = ModelArgs(args)
+        self.task = Task(model.parameter("task", "embed"))
+        self.activation = Activation(model.parameter("activation"))
+        self.use_activation = bool(model.parameter("use_activation", True))
+        self.step_tag_id = model.parameter("step_tag_id")
+        self.output = OUTPUT_NAMES[self.task]
+
+    def execute(self, requests: list) -> list:
+        responses = []
+        for request in requests:
+            enabled = request_parameters(request).get("use_activation", self.use_activation)
+            if not isinstance(enabled, bool):
+                responses.append(error_response(f"use_activation must be true or false, got {enabled!r}"))
+                continue
+            values = input_array(request, ENCODER_OUTPUT)
+            tensors = []
+            if self.task.per_token:
+                values, counts = real_token_rows(values, input_array(request, ATTENTION_MASK),
+                                                 input_array(request, INPUT_IDS), self.step_tag_id)
+                tensors.append(pb_utils.Tensor(TOKEN_COUNTS, counts))
+            activated = apply_activation(values, self.activation, enabled)
+            tensors.insert(0, pb_utils.Tensor(self.output, np.ascontiguousarray(activated)))
+            responses.append(pb_utils.InferenceResponse(tensors))
+        return responses

@@ -1,0 +1,74 @@
+"""Tokenizer stage: TEXT (BYTES [n, 1]) and optional TEXT_PAIR -> input_ids, attention_mask, token_type_ids.
+
+Each request is padded to its own longest text (or to a bucket length); the encoder batches the
+ragged results. Per-request parameters: "truncate": NONE (default: reject over-length), END, START;
+"max_tokens": a lower limit than the model's (vLLM's truncate_prompt_tokens).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from pooltriton.backends.common import Counters, ModelArgs, error_response, input_array, request_parameters
+from pooltriton.contract import ATTENTION_MASK, INPUT_IDS, TEXT, TEXT_PAIR, TOKEN_TYPE_IDS
+from pooltriton.core.semantics import Truncation
+from pooltriton.core.tokenization import InputError, TextTokenizer, decode_texts
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        model = ModelArgs(args)
+        self.tokenizer = TextTokenizer(
+            str(model.version_dir / model.parameter("tokenizer_file", "tokenizer.json")),
+            max_length=int(model.parameter("max_length")),
+            pad_token_id=model.parameter("pad_token_id"),
+        )
+        self.outputs: list[str] = model.parameter("outputs", [INPUT_IDS, ATTENTION_MASK])
+        self.buckets: list[int] | None = model.parameter("pad_to_buckets")
+        self.counters = Counters(model.name, ("pooltriton_truncations_total",))
+
+    def execute(self, requests: list) -> list:
+        # Per request: an InputError, finished encodings (token-id input), or texts to encode; all text
+        # requests then share one encode_batch call.
+        parsed: list = []
+        for request in requests:
+            try:
+                parameters = request_parameters(request)
+                texts = decode_texts(input_array(request, TEXT))
+                truncation = Truncation.parse(parameters.get("truncate"))
+                limit = self.tokenizer.limit(parameters.get("max_tokens"))
+                if parameters.get("input_format") == "token_ids":
+                    parsed.append(self.tokenizer.encode_ids(_id_rows(texts), truncation, limit))
+                    continue
+                pair_array = input_array(request, TEXT_PAIR)
+                pairs = decode_texts(pair_array) if pair_array is not None else None
+                parsed.append([texts, pairs, truncation, limit])
+            except (InputError, ValueError) as error:
+                parsed.append(InputError(str(error)))
+        encoded = iter(self.tokenizer.encode_requests([tuple(p) for p in parsed if isinstance(p, list)]))
+        responses = []
+        for item in parsed:
+            result = next(encoded) if isinstance(item, list) else item
+            if isinstance(result, InputError):
+                responses.append(error_response(str(result)))
+                continue
+            encodings, truncated = result
+            self.counters.add("pooltriton_truncations_total", truncated)
+            responses.append(self._response(encodings))
+        return responses
+
+    def _response(self, encodings: list) -> object:
+        ids, mask, types, _lengths = self.tokenizer.pad(encodings, self.buckets)
+        arrays = {INPUT_IDS: ids, ATTENTION_MASK: mask, TOKEN_TYPE_IDS: types}
+        return pb_utils.InferenceResponse([pb_utils.Tensor(n, np.ascontiguousarray(arrays[n])) for n in self.outputs])
+
+
+def _id_rows(texts: list[str]) -> list[list[int]]:
+    """Token-id input (input_format=token_ids): each TEXT item is a JSON list of integers."""
+    rows = [json.loads(text) for text in texts]
+    if not all(isinstance(row, list) for row in rows):
+        raise InputError("token_ids input: every TEXT item must be a JSON list of integers")
+    return rows

@@ -1,0 +1,176 @@
+"""`pooltriton` command line: export, inspect, backends, serve."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from pooltriton.core.capabilities import AUTO
+from pooltriton.core.runtimes import BF16, CPU, CUDA, FP16, FP32, RUNTIMES, TOLERANCES
+from pooltriton.core.semantics import PoolingType, Task
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="Hugging Face model folder (or hub id when online)")
+    parser.add_argument("--task", choices=[t.value for t in Task], help="default: from the architecture")
+    parser.add_argument("--pooling-type", choices=[p.value for p in PoolingType],
+                        help="default: sentence-transformers metadata, else the architecture's")
+    parser.add_argument("--use-activation", type=_bool, metavar="BOOL",
+                        help="normalise embeddings / activate logits (default: resolved)")
+    parser.add_argument("--max-length", type=int, help="token limit (default: resolved)")
+    parser.add_argument("--convert", choices=["embed", "classify"],
+                        help="override the task family implied by the architecture name")
+    parser.add_argument("--step-tag-id", type=int, help="STEP pooling: keep positions holding this token id")
+    parser.add_argument("--returned-token-ids", type=lambda t: tuple(int(x) for x in t.split(",")),
+                        metavar="ID,ID", help="STEP pooling on a causal LM: the vocabulary ids to score")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pooltriton", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    export = sub.add_parser("export", help="export a model into a Triton model repository")
+    _model_args(export)
+    export.add_argument("--name", required=True, help="public ensemble name (stages get suffixes)")
+    export.add_argument("--out", default="model_repository", help="model repository folder")
+    export.add_argument("--matryoshka-dimensions", type=lambda t: tuple(int(x) for x in t.split(",")), default=(),
+                        metavar="D,D", help="embedding sizes clients may ask for (truncated, re-normalised)")
+    export.add_argument("--runtime", choices=sorted(RUNTIMES), default="onnx",
+                        help="encoder runtime: ONNX model.onnx (backend onnxruntime), the same file compiled by "
+                        "OpenVINO (backend openvino), or TorchScript model.pt (backend pytorch)")
+    export.add_argument("--precision", choices=[FP32, BF16, FP16, AUTO], default=FP32,
+                        help="encoder precision (default fp32, the exact reference): bf16 with openvino or "
+                        "torchscript on CPUs with AVX512-BF16/AMX, fp16 with torchscript on GPUs; auto: bf16 where "
+                        "this CPU runs it natively, else fp32 (see `pooltriton capabilities`). A precision the CPU "
+                        "cannot run natively is an error")
+    export.add_argument("--tolerance", type=float, metavar="T",
+                        help=f"verification bound against PyTorch fp32: fp32 |Δ| <= T x (1 + max |reference|) "
+                        f"(default {TOLERANCES[FP32]:g}); bf16/fp16 cosine mean >= 1 - T, min >= 1 - 4T "
+                        f"(default {TOLERANCES[BF16]:g})")
+    export.add_argument("--device", choices=[CPU, CUDA], default=CPU,
+                        help="cuda: trace on the GPU and serve from KIND_GPU instances (torchscript)")
+    export.add_argument("--batching", choices=["ragged", "buckets"], default="ragged",
+                        help="ragged: encoder takes mixed lengths (Python shims); buckets: the tokenizer "
+                        "pads to fixed lengths so native backends can batch them")
+    export.add_argument("--encoder-threads", type=int, default=2, help="intra-op threads of the encoder")
+
+    plugin = sub.add_parser("plugin", help="serve a registered IO-processor plugin around an exported model")
+    plugin.add_argument("name", help="the plugin model's name")
+    plugin.add_argument("--plugin", required=True, help="the name the plugin class is registered under")
+    plugin.add_argument("--module", help="module to import so the plugin registers (e.g. my_pkg.plugins)")
+    plugin.add_argument("--model", required=True, help="the exported model it wraps")
+    plugin.add_argument("--out", default="model_repository")
+
+    sub.add_parser("capabilities", help="what this CPU and the encoder runtimes run, and what --precision "
+                   "auto picks (JSON with --json)").add_argument("--json", action="store_true")
+
+    inspect = sub.add_parser("inspect", help="print the resolved pooler configuration (config files only)")
+    _model_args(inspect)
+
+    defaults = sub.add_parser("defaults", help="export the default models (skips those up to date)")
+    defaults.add_argument("--out", default="model_repository")
+    defaults.add_argument("--force", action="store_true", help="re-export even when up to date")
+
+    backends = sub.add_parser("backends", help="assemble the Triton backend directory")
+    backends.add_argument("--out", default="build/backends")
+
+    serve = sub.add_parser("serve", help="run tritonserver in the foreground (Ctrl-C stops it)")
+    serve.add_argument("--repository", default="model_repository")
+    serve.add_argument("--backends", default="build/backends")
+    serve.add_argument("--http-port", type=int, default=8000)
+    serve.add_argument("--grpc-port", type=int, default=8001)
+    serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.add_argument("--gateway-port", type=int, default=8080,
+                       help="OpenAI/Cohere/vLLM HTTP gateway port (0: no gateway)")
+
+    args = parser.parse_args(argv)
+    from pooltriton.core.resolve import ResolutionError
+
+    if args.command == "export":
+        from pooltriton.export.build import ExportOptions, export_model
+
+        options = ExportOptions(
+            name=args.name, out=Path(args.out), task=args.task, pooling_type=args.pooling_type,
+            use_activation=args.use_activation, max_length=args.max_length, step_tag_id=args.step_tag_id,
+            returned_token_ids=args.returned_token_ids, convert=args.convert, runtime=args.runtime,
+            precision=args.precision, device=args.device,
+            matryoshka_dimensions=args.matryoshka_dimensions,
+            batching=args.batching, encoder_threads=args.encoder_threads, tolerance=args.tolerance,
+        )
+        try:
+            export_model(_local(args.model), options)
+        except ResolutionError as error:  # what was asked cannot be served: a usage error
+            print(f"pooltriton export: {error}", file=sys.stderr)
+            return 2
+        except Exception as error:  # one paragraph, no traceback (POOLTRITON_DEBUG=1 shows it)
+            if os.environ.get("POOLTRITON_DEBUG"):
+                raise
+            kind = "verification failed" if type(error).__name__ == "VerificationError" else type(error).__name__
+            print(f"pooltriton export: {kind}: {error} Nothing was written for {args.name!r}. "
+                  f"(POOLTRITON_DEBUG=1 shows the traceback.)", file=sys.stderr)
+            return 1
+    elif args.command == "plugin":
+        from pooltriton.export.plugin import write_plugin
+
+        try:
+            print(write_plugin(args.name, args.plugin, args.module, args.model, Path(args.out)))
+        except (ResolutionError, KeyError, ImportError) as error:
+            print(f"pooltriton plugin: {error}", file=sys.stderr)
+            return 2
+    elif args.command == "capabilities":
+        from pooltriton.core.capabilities import detect
+
+        print(json.dumps(detect().summary(), indent=2) if args.json else detect().report())
+    elif args.command == "inspect":
+        from pooltriton.core.resolve import resolve
+
+        config = resolve(_local(args.model), task=args.task, pooling_type=args.pooling_type,
+                         use_activation=args.use_activation, max_length=args.max_length,
+                         step_tag_id=args.step_tag_id, returned_token_ids=args.returned_token_ids,
+                         convert=args.convert)
+        print(json.dumps(config.to_json(), indent=2))
+    elif args.command == "defaults":
+        from pooltriton.export.defaults import build_defaults
+
+        build_defaults(Path(args.out), force=args.force)
+    elif args.command == "backends":
+        from pooltriton.server.assemble import assemble
+
+        print(assemble(Path(args.out)))
+    elif args.command == "serve":
+        from pooltriton.server.assemble import assemble
+        from pooltriton.server.launcher import TritonServer
+
+        server = TritonServer(Path(args.repository), assemble(Path(args.backends)),
+                              http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
+        gateway = None
+        if args.gateway_port:
+            gateway = [sys.executable, "-m", "pooltriton.gateway.app", "--triton", f"localhost:{args.grpc_port}",
+                       "--repository", args.repository, "--port", str(args.gateway_port)]
+        return server.run_foreground(companion=gateway)
+    return 0
+
+
+def _local(model: str) -> Path:
+    """A local folder as is; anything else is a hub id, fetched only where a network exists."""
+    path = Path(model)
+    if path.exists():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(model))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

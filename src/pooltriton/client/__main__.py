@@ -1,0 +1,5 @@
+import sys
+
+from pooltriton.client.cli import main
+
+sys.exit(main())

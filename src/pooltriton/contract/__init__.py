@@ -1,0 +1,57 @@
+"""The contract of a served model: tensor and stage names, batch limits, score modes and priority levels.
+
+Written by export, read by the stages inside Triton, the clients, the gateway and the benchmark: one
+module, so that no name or limit is spelled twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pooltriton.core.semantics import Task
+
+# ---- the public ensemble ----------------------------------------------------------------------------
+TEXT, TEXT_PAIR = "TEXT", "TEXT_PAIR"  # BYTES [n, 1]; TEXT_PAIR optional (cross-encoders)
+OUTPUT_NAMES = {Task.EMBED: "EMBEDDING", Task.CLASSIFY: "PROBABILITIES",
+                Task.TOKEN_EMBED: "TOKEN_EMBEDDINGS", Task.TOKEN_CLASSIFY: "TOKEN_PROBABILITIES"}
+# Token tasks: rows of all texts concatenated, TOKEN_COUNTS [n, 1] says how many belong to each text.
+TOKEN_COUNTS = "TOKEN_COUNTS"
+# Every batched model's max_batch_size: clients split bigger inputs into requests of at most this.
+MAX_BATCH_SIZE = 128
+# Request priority 1 (high), 2 (default), 3 (low) on the batched stages; ensembles pass it through.
+PRIORITY_LEVELS = 3
+
+# ---- the stages between tokenizer, encoder and pooler -----------------------------------------------
+INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS = "input_ids", "attention_mask", "token_type_ids"
+ENCODER_OUTPUT = "pooled"
+
+# ---- scoring (<name>_score) ---------------------------------------------------------------------------
+QUERY, DOCUMENTS, SCORES = "QUERY", "DOCUMENTS", "SCORES"  # BYTES [q], BYTES [d] -> FP32 [d]
+BI_ENCODER, LATE_INTERACTION, CROSS_ENCODER = "bi-encoder", "late-interaction", "cross-encoder"
+
+# ---- plugins --------------------------------------------------------------------------------------------
+PLUGIN_INPUT, PLUGIN_OUTPUT = "INPUT", "OUTPUT"  # BYTES [n] -> BYTES [n] (JSON per item)
+
+
+@dataclass(frozen=True)
+class Stages:
+    """The models one export writes: the public ensemble and the stages it chains."""
+
+    ensemble: str
+    tokenizer: str
+    encoder: str
+    pooler: str
+    score: str
+
+    def __iter__(self):
+        return iter((self.ensemble, self.tokenizer, self.encoder, self.pooler, self.score))
+
+
+def stages(name: str) -> Stages:
+    return Stages(name, f"{name}_tokenizer", f"{name}_encoder", f"{name}_pooler", f"{name}_score")
+
+
+def triton_priority(priority: int) -> int:
+    """vLLM's priority (lower runs earlier, 0 default) -> Triton's levels (1 highest of PRIORITY_LEVELS,
+    0 = the default level)."""
+    return 0 if priority == 0 else (1 if priority < 0 else PRIORITY_LEVELS)

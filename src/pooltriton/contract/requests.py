@@ -1,0 +1,114 @@
+"""The one request path between Python values and Triton's tensors, without I/O.
+
+Inputs -> BYTES tensors, big inputs -> requests of at most MAX_BATCH_SIZE texts, results -> one answer
+in order (token tasks split back per text), and a Triton error -> an HTTP status and whether to retry,
+classified by its status code, never by its message. The blocking client, the asyncio client, the
+gateway and the benchmark all build their requests here and differ only in how they send them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pooltriton.contract import DOCUMENTS, MAX_BATCH_SIZE, QUERY, TEXT, TEXT_PAIR, TOKEN_COUNTS
+from pooltriton.core.scoring import split_tokens
+
+RETRIES = 4  # attempts on UNAVAILABLE (server starting, overloaded), with exponential backoff
+BACKOFF_S = 0.25
+
+# KServe over gRPC reports a status code name, over HTTP the HTTP status itself.
+_GRPC_TO_HTTP = {"INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401, "PERMISSION_DENIED": 403, "NOT_FOUND": 404,
+                 "ALREADY_EXISTS": 409, "RESOURCE_EXHAUSTED": 429, "CANCELLED": 499, "UNKNOWN": 500,
+                 "INTERNAL": 500, "UNIMPLEMENTED": 501, "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504}
+
+
+@dataclass(frozen=True)
+class TritonRequest:
+    """One inference request: the model, its BYTES inputs and the outputs to read."""
+
+    model: str
+    inputs: dict[str, list[str]]
+    outputs: tuple[str, ...]
+    parameters: dict[str, Any]
+    batched: bool  # inputs are [n, 1] (batched models) rather than [n]
+    priority: int = 0
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The inputs as numpy BYTES arrays in the shape the model declares."""
+        return {name: text_array(texts, self.batched) for name, texts in self.inputs.items()}
+
+
+def text_array(texts: Sequence[str | bytes], batched: bool) -> np.ndarray:
+    data = np.array([t.encode("utf-8") if isinstance(t, str) else t for t in texts], dtype=object)
+    return data.reshape(-1, 1) if batched else data
+
+
+def as_texts(value: str | Sequence[str], what: str = "texts") -> list[str]:
+    batch = [value] if isinstance(value, str) else list(value)
+    if not batch:
+        raise ValueError(f"{what} is empty: pass at least one text")
+    return batch
+
+
+def parameters(options: dict[str, Any]) -> dict[str, Any]:
+    """KServe request parameters are scalars: lists and dicts travel as JSON; None means unset."""
+    return {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in options.items() if v is not None}
+
+
+def encode_requests(model: str, outputs: Sequence[str], texts: Sequence[str], pairs: Sequence[str] | None,
+                    options: dict[str, Any], priority: int = 0,
+                    max_batch: int = MAX_BATCH_SIZE) -> list[TritonRequest]:
+    """Texts (and their pairs) in requests of at most `max_batch`, to be sent in any order."""
+    if not texts:
+        raise ValueError("texts is empty: pass at least one text")
+    if pairs is not None and len(pairs) != len(texts):
+        raise ValueError(f"{len(pairs)} pairs for {len(texts)} texts: they pair up one to one")
+    requests = []
+    for start in range(0, len(texts), max_batch):
+        inputs = {TEXT: list(texts[start : start + max_batch])}
+        if pairs is not None:
+            inputs[TEXT_PAIR] = list(pairs[start : start + max_batch])
+        requests.append(TritonRequest(model, inputs, tuple(outputs), parameters(options), True, priority))
+    return requests
+
+
+def reassemble(outputs: Sequence[str], results: Sequence[dict[str, np.ndarray]]) -> np.ndarray | list[np.ndarray]:
+    """The answers of encode_requests' requests, in their order: [n, C], or per text [tokens_i, C]."""
+    if TOKEN_COUNTS in outputs:
+        return [rows for r in results for rows in split_tokens(r[outputs[0]], r[TOKEN_COUNTS])]
+    return np.concatenate([r[outputs[0]] for r in results], axis=0)
+
+
+def score_inputs(query: str | Sequence[str], documents: str | Sequence[str]) -> dict[str, list[str]]:
+    return {QUERY: as_texts(query, "query"), DOCUMENTS: as_texts(documents, "documents")}
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A Triton error, classified: the HTTP status it means and whether a retry may succeed."""
+
+    status: int
+    message: str
+
+    @property
+    def retryable(self) -> bool:
+        return self.status == 503
+
+
+def classify(error: Exception) -> Failure:
+    """By status code: gRPC's name (`StatusCode.UNAVAILABLE`) or the HTTP status (`503`)."""
+    raw = getattr(error, "status", None)
+    code = str(raw() if callable(raw) else raw or "").removeprefix("StatusCode.")
+    status = int(code) if code.isdigit() else _GRPC_TO_HTTP.get(code, 500)
+    message = getattr(error, "message", None)
+    text = message() if callable(message) else None
+    return Failure(status, text or str(error))
+
+
+def backoff_s(attempt: int) -> float:
+    return BACKOFF_S * 2**attempt

@@ -1,0 +1,318 @@
+"""Resolve a model's pooler configuration from its config files alone (no weights).
+
+Precedence, per field, as in vLLM: explicit > sentence-transformers metadata > architecture default.
+Every resolved field records where it came from, so `pooltriton inspect` can show it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pooltriton.core.semantics import Activation, PoolingType, Task, default_activation
+
+EXPLICIT = "explicit"
+SENTENCE_TRANSFORMERS = "sentence-transformers"
+HF_CONFIG = "hf-config"
+ARCHITECTURE = "architecture"
+TASK_DEFAULT = "task-default"
+
+# Model facts, decided here once and carried in the resolved configuration (the encoder wrapper reads
+# them from there): which families are decoders (causal mask, LAST pooling), which encoders pool the
+# first token by default (vLLM's architecture overrides), and whose classification head pools inside.
+DECODER_MODEL_TYPES = frozenset(
+    {"gpt2", "qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3", "phi3", "gpt_neox", "opt"}
+)
+CLS_DEFAULT_MODEL_TYPES = frozenset(
+    {"bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta", "deberta-v2", "modernbert"}
+)
+# Encoder classifiers whose head takes the first token itself (BERT: CLS + dense + tanh): run whole.
+SELF_POOLING_HEAD_MODEL_TYPES = CLS_DEFAULT_MODEL_TYPES - {"modernbert"}
+# Older sentence-transformers Pooling configs use one boolean per mode.
+_ST_BOOLEAN_MODES = {
+    "pooling_mode_cls_token": PoolingType.CLS,
+    "pooling_mode_mean_tokens": PoolingType.MEAN,
+    "pooling_mode_lasttoken": PoolingType.LAST,
+}
+_ST_MODE_NAMES = {"cls": PoolingType.CLS, "mean": PoolingType.MEAN, "lasttoken": PoolingType.LAST}
+_PROBLEM_TYPE_ACTIVATION = {
+    "regression": Activation.IDENTITY,
+    "single_label_classification": Activation.SOFTMAX,
+    "multi_label_classification": Activation.SIGMOID,
+}
+_TORCH_ACTIVATIONS = {"Sigmoid": Activation.SIGMOID, "Softmax": Activation.SOFTMAX, "Identity": Activation.IDENTITY}
+
+
+class ResolutionError(ValueError):
+    """The model cannot serve what was asked; raised at export, never a silent fallback."""
+
+
+@dataclass(frozen=True)
+class PoolerConfig:
+    task: Task
+    pooling_type: PoolingType
+    activation: Activation
+    use_activation: bool
+    max_length: int
+    num_labels: int | None = None
+    labels: tuple[str, ...] | None = None
+    step_tag_id: int | None = None
+    returned_token_ids: tuple[int, ...] | None = None
+    architecture: str = ""
+    model_type: str = ""
+    causal: bool = False  # a decoder: causal attention mask, positions over real tokens
+    self_pooling_head: bool = False  # a classifier whose head pools (the graph runs it whole)
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key in ("task", "pooling_type", "activation"):
+            data[key] = data[key].value
+        return data
+
+
+@dataclass
+class ModelFiles:
+    """The JSON files of a Hugging Face / sentence-transformers model folder."""
+
+    root: Path
+    hf: dict[str, Any]
+    modules: list[dict[str, Any]] | None
+    st_pooling: dict[str, Any] | None
+    st_bert: dict[str, Any] | None
+    tokenizer_config: dict[str, Any]
+
+    @classmethod
+    def read(cls, root: str | Path) -> ModelFiles:
+        root = Path(root)
+        if not (root / "config.json").is_file():
+            raise ResolutionError(f"{root} has no config.json: not a Hugging Face model folder")
+        modules = _read_json(root / "modules.json")
+        pooling = None
+        if modules:
+            for module in modules:
+                if module.get("type", "").endswith("Pooling"):
+                    pooling = _read_json(root / module.get("path", "") / "config.json")
+        return cls(
+            root=root,
+            hf=_read_json(root / "config.json") or {},
+            modules=modules,
+            st_pooling=pooling,
+            st_bert=_read_json(root / "sentence_bert_config.json"),
+            tokenizer_config=_read_json(root / "tokenizer_config.json") or {},
+        )
+
+    @property
+    def architecture(self) -> str:
+        archs = self.hf.get("architectures") or [""]
+        return archs[0]
+
+    def has_st_module(self, suffix: str) -> bool:
+        return bool(self.modules) and any(m.get("type", "").endswith(suffix) for m in self.modules)
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        return None
+    with path.open(encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def task_from_architecture(architecture: str) -> Task:
+    """vLLM's converter: the architecture name says which pooling task a model serves by default.
+
+    `*For*Classification` / `*ClassificationModel` -> classify (token_classify for token heads);
+    everything else (`*Model`, `*EmbeddingModel`, `*ForTextEncoding`, `*RewardModel`, and decoder
+    LLMs such as `*ForCausalLM`) -> embed.
+    """
+    if ("For" in architecture and architecture.endswith("Classification")) or architecture.endswith(
+        "ClassificationModel"
+    ):
+        return Task.TOKEN_CLASSIFY if "TokenClassification" in architecture else Task.CLASSIFY
+    return Task.EMBED
+
+
+def is_causal_lm(architecture: str) -> bool:
+    return architecture.endswith("ForCausalLM") or architecture.endswith("LMHeadModel")
+
+
+def is_decoder(files: ModelFiles) -> bool:
+    return (bool(files.hf.get("is_decoder")) or is_causal_lm(files.architecture)
+            or files.hf.get("model_type", "") in DECODER_MODEL_TYPES)
+
+
+def st_pooling_type(pooling: dict[str, Any]) -> PoolingType | None:
+    mode = pooling.get("pooling_mode")
+    if isinstance(mode, str):
+        if mode not in _ST_MODE_NAMES:
+            raise ResolutionError(f"sentence-transformers pooling_mode {mode!r} is not supported")
+        return _ST_MODE_NAMES[mode]
+    for key, pooling_type in _ST_BOOLEAN_MODES.items():
+        if pooling.get(key):
+            return pooling_type
+    unsupported = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v]
+    if unsupported:
+        raise ResolutionError(f"sentence-transformers pooling modes {unsupported} are not supported")
+    return None
+
+
+def resolve_max_length(files: ModelFiles, explicit: int | None = None) -> tuple[int, str]:
+    """sentence-transformers' max_seq_length wins over tokenizer/model limits (tokenizer.json's own
+    truncation settings are ignored on purpose: MiniLM's says 128 while the model is used at 256)."""
+    if explicit:
+        return explicit, EXPLICIT
+    if files.st_bert and files.st_bert.get("max_seq_length"):
+        return int(files.st_bert["max_seq_length"]), SENTENCE_TRANSFORMERS
+    tok_max = files.tokenizer_config.get("model_max_length")
+    if isinstance(tok_max, int) and 0 < tok_max < 1_000_000:
+        return tok_max, "tokenizer-config"
+    positions = files.hf.get("max_position_embeddings") or files.hf.get("n_positions")
+    if positions:
+        # RoBERTa-family position ids start after the padding index.
+        offset = 2 if files.hf.get("model_type") in ("roberta", "xlm-roberta") else 0
+        return int(positions) - offset, HF_CONFIG
+    return 512, TASK_DEFAULT
+
+
+def resolve(
+    model_dir: str | Path,
+    task: Task | str | None = None,
+    pooling_type: PoolingType | str | None = None,
+    use_activation: bool | None = None,
+    max_length: int | None = None,
+    step_tag_id: int | None = None,
+    returned_token_ids: tuple[int, ...] | None = None,
+    convert: str | None = None,
+) -> PoolerConfig:
+    """Resolve every field independently; arguments that are not None are the explicit layer.
+
+    `convert` ("embed" or "classify") overrides the task family the architecture name implies.
+    """
+    files = ModelFiles.read(model_dir)
+    sources: dict[str, str] = {}
+    architecture = files.architecture
+    model_type = files.hf.get("model_type", "")
+
+    arch_task = task_from_architecture(architecture)
+    if convert is not None:
+        if convert not in ("embed", "classify"):
+            raise ResolutionError(f"convert must be 'embed' or 'classify', not {convert!r}")
+        arch_task = Task(convert)
+        sources["convert"] = EXPLICIT
+    if task is not None:
+        resolved_task = Task(task)
+        reward_lm = (resolved_task is Task.TOKEN_CLASSIFY and is_causal_lm(architecture)
+                     and bool(returned_token_ids) and pooling_type == PoolingType.STEP)
+        if not reward_lm:
+            _check_task_supported(arch_task, resolved_task, architecture)
+        sources["task"] = EXPLICIT
+    else:
+        resolved_task, sources["task"] = arch_task, ARCHITECTURE
+    if resolved_task is Task.CLASSIFY and arch_task is Task.TOKEN_CLASSIFY:
+        raise ResolutionError(f"{architecture} classifies tokens; use task token_classify")
+    if resolved_task is Task.TOKEN_CLASSIFY and arch_task is Task.CLASSIFY:
+        raise ResolutionError(f"{architecture} classifies sequences; use task classify")
+
+    # Pooling type.
+    st_type = st_pooling_type(files.st_pooling) if files.st_pooling else None
+    if pooling_type is not None:
+        resolved_pooling, sources["pooling_type"] = PoolingType(pooling_type), EXPLICIT
+    elif resolved_task.per_token:
+        resolved_pooling, sources["pooling_type"] = PoolingType.ALL, TASK_DEFAULT
+    elif st_type is not None:
+        resolved_pooling, sources["pooling_type"] = st_type, SENTENCE_TRANSFORMERS
+    elif model_type in CLS_DEFAULT_MODEL_TYPES and not is_decoder(files):
+        resolved_pooling, sources["pooling_type"] = PoolingType.CLS, ARCHITECTURE
+    else:
+        resolved_pooling, sources["pooling_type"] = PoolingType.LAST, ARCHITECTURE
+    if resolved_pooling.per_token != resolved_task.per_token:
+        raise ResolutionError(
+            f"pooling type {resolved_pooling.value} does not fit task {resolved_task.value}: "
+            "token tasks take ALL or STEP, sequence tasks CLS, LAST or MEAN"
+        )
+    if resolved_pooling is PoolingType.STEP and not (returned_token_ids or step_tag_id is not None):
+        raise ResolutionError("STEP pooling needs returned_token_ids or step_tag_id")
+
+    # Activation: embeddings normalise; classifiers follow problem_type > ST > label count.
+    if resolved_task.is_embedding:
+        num_labels, labels = None, None
+    elif returned_token_ids and is_causal_lm(architecture):
+        num_labels = len(returned_token_ids)
+        labels = tuple(f"token_{i}" for i in returned_token_ids)
+    else:
+        num_labels, labels = _labels(files.hf)
+    if resolved_task.is_embedding:
+        activation = Activation.NORMALIZE
+        if use_activation is not None:
+            sources["use_activation"] = EXPLICIT
+        elif files.st_pooling is not None:
+            use_activation = files.has_st_module("Normalize")
+            sources["use_activation"] = SENTENCE_TRANSFORMERS
+        else:
+            use_activation, sources["use_activation"] = True, TASK_DEFAULT
+        sources["activation"] = TASK_DEFAULT
+    else:
+        activation, sources["activation"] = _classifier_activation(files.hf, num_labels)
+        if use_activation is None:
+            use_activation, sources["use_activation"] = True, TASK_DEFAULT
+        else:
+            sources["use_activation"] = EXPLICIT
+
+    length, sources["max_length"] = resolve_max_length(files, max_length)
+    return PoolerConfig(
+        task=resolved_task,
+        pooling_type=resolved_pooling,
+        activation=activation,
+        use_activation=bool(use_activation),
+        max_length=length,
+        num_labels=num_labels,
+        labels=labels,
+        step_tag_id=step_tag_id,
+        returned_token_ids=tuple(returned_token_ids) if returned_token_ids else None,
+        architecture=architecture,
+        model_type=model_type,
+        causal=is_decoder(files),
+        self_pooling_head=resolved_task is Task.CLASSIFY and model_type in SELF_POOLING_HEAD_MODEL_TYPES,
+        sources=sources,
+    )
+
+
+def _check_task_supported(arch_task: Task, task: Task, architecture: str) -> None:
+    classifier = arch_task in (Task.CLASSIFY, Task.TOKEN_CLASSIFY)
+    if task.is_embedding and classifier:
+        raise ResolutionError(
+            f"{architecture} is a classification model; it serves classify/token_classify, not {task.value} "
+            "(pass --convert embed to serve its encoder's hidden states)"
+        )
+    if not task.is_embedding and not classifier:
+        raise ResolutionError(
+            f"{architecture or 'this model'} has no classification head, so it cannot serve "
+            f"{task.value}; export a *ForSequenceClassification / *ForTokenClassification model"
+        )
+
+
+def _labels(hf: dict[str, Any]) -> tuple[int, tuple[str, ...]]:
+    id2label = hf.get("id2label") or {}
+    num = int(hf.get("num_labels") or len(id2label) or 2)
+    names = tuple(str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(num))
+    return num, names
+
+
+def _classifier_activation(hf: dict[str, Any], num_labels: int | None) -> tuple[Activation, str]:
+    problem = hf.get("problem_type")
+    if problem in _PROBLEM_TYPE_ACTIVATION:
+        return _PROBLEM_TYPE_ACTIVATION[problem], HF_CONFIG
+    st = (hf.get("sentence_transformers") or {}).get("activation_fn") or hf.get(
+        "sbert_ce_default_activation_function"
+    )
+    if st:
+        # Only torch.nn.modules classes are trusted, as sentence-transformers does.
+        if not st.startswith("torch.nn.modules."):
+            raise ResolutionError(f"refusing activation_fn {st!r}: only torch.nn.modules classes are allowed")
+        name = st.rsplit(".", 1)[-1]
+        if name not in _TORCH_ACTIVATIONS:
+            raise ResolutionError(f"activation_fn {st!r} is not supported")
+        return _TORCH_ACTIVATIONS[name], SENTENCE_TRANSFORMERS
+    return default_activation(Task.CLASSIFY, num_labels), TASK_DEFAULT

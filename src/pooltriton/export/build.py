@@ -1,0 +1,280 @@
+"""Export one Hugging Face model into a Triton model repository.
+
+Layout (it mirrors the data flow, like a sentence-transformers folder mirrors its modules):
+
+    <out>/<name>/              ensemble: TEXT (+ optional TEXT_PAIR) -> the task's output;
+                               pooler_config.json = the resolved configuration
+    <out>/<name>_tokenizer/    backend "tokenizer"; 1/tokenizer.json
+    <out>/<name>_encoder/      backend "onnxruntime" (1/model.onnx) or "pytorch" (1/model.pt), pooling
+                               (and head) inside; verification.json = measured error vs PyTorch
+    <out>/<name>_pooler/       backend "pooler": activation, and real-token selection for token tasks
+    <out>/<name>_score/        backend "scorer" (only for models that can score): bi-encoder cosine,
+                               late-interaction MaxSim or cross-encoder, over QUERY / DOCUMENTS
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from pooltriton.contract import (
+    ATTENTION_MASK,
+    BI_ENCODER,
+    CROSS_ENCODER,
+    DOCUMENTS,
+    ENCODER_OUTPUT,
+    INPUT_IDS,
+    LATE_INTERACTION,
+    MAX_BATCH_SIZE,
+    OUTPUT_NAMES,
+    PRIORITY_LEVELS,
+    QUERY,
+    SCORES,
+    TEXT,
+    TEXT_PAIR,
+    TOKEN_COUNTS,
+    stages,
+)
+from pooltriton.contract.config import DynamicBatching, EnsembleStep, ModelConfig, Tensor
+from pooltriton.core.capabilities import AUTO, Capabilities, PrecisionError, choose_precision, detect
+from pooltriton.core.resolve import PoolerConfig, ResolutionError, resolve
+from pooltriton.core.runtimes import CPU, CUDA, FP32, RUNTIMES, Runtime
+from pooltriton.core.semantics import PoolingType, Task
+
+# Used when batching="buckets": the tokenizer pads to these lengths so that equal shapes meet in
+# Triton's dynamic batcher (needed by native backends, which cannot take ragged [B, L] inputs).
+BUCKETS = (16, 32, 64, 128, 256, 512)
+# Rows x padded length per encoder call in the ragged shims. On CPU, measured on MiniLM (2 cores):
+# ONNX Runtime runs ~20 % faster at 4-16 rows of ~130 tokens than at 64 (activations stay in cache),
+# so chunks stay small (docs/performance.md); a GPU wants big launches.
+RAGGED_TOKEN_BUDGET = {CPU: 2048, CUDA: 32768}
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    name: str
+    out: Path
+    task: str | None = None
+    pooling_type: str | None = None
+    use_activation: bool | None = None
+    max_length: int | None = None
+    step_tag_id: int | None = None
+    returned_token_ids: tuple[int, ...] | None = None
+    convert: str | None = None
+    matryoshka_dimensions: tuple[int, ...] = ()  # sizes the embedding may be cut to (then re-normalised)
+    runtime: str = "onnx"  # or "openvino", "torchscript" (pooltriton.core.runtimes.RUNTIMES)
+    # "fp32", "bf16" (openvino, torchscript), "fp16" (torchscript, for GPUs) or "auto": what this machine
+    # runs natively (pooltriton.core.capabilities); fp32 stays the default, the exact reference.
+    precision: str = FP32
+    device: str = "cpu"  # or "cuda": KIND_GPU encoder instances (torchscript)
+    batching: str = "ragged"  # or "buckets"
+    encoder_threads: int = 2
+    ragged_token_budget: int | None = None  # None: RAGGED_TOKEN_BUDGET of the device
+    tolerance: float | None = None  # verification bound; None: the precision's default (export.verify)
+
+    def check(self, capabilities: Capabilities) -> tuple[Runtime, ExportOptions]:
+        """The runtime, and these options with the precision decided (`auto`) and checked against the CPU."""
+        runtime = RUNTIMES.get(self.runtime)
+        if runtime is None:
+            raise ResolutionError(f"runtime must be one of {sorted(RUNTIMES)}, not {self.runtime!r}")
+        try:
+            precision, reason = choose_precision(self.runtime, self.precision, self.device, capabilities)
+        except PrecisionError as error:
+            raise ResolutionError(str(error)) from None
+        if self.tolerance is not None and not 0 < self.tolerance < 1:
+            raise ResolutionError(f"--tolerance must be between 0 and 1, not {self.tolerance}")
+        if self.precision == AUTO:
+            print(f"--precision auto: {precision} ({reason})", file=sys.stderr)
+        if precision not in runtime.precisions:
+            raise ResolutionError(f"the {self.runtime} runtime serves {'/'.join(runtime.precisions)}, "
+                                  f"not {precision}")
+        if self.device not in runtime.devices:
+            raise ResolutionError(f"the {self.runtime} runtime runs on {'/'.join(runtime.devices)}, "
+                                  f"not {self.device}")
+        return runtime, replace(self, precision=precision)
+
+
+class Progress:
+    def __init__(self, total: int) -> None:
+        self.total, self.step, self.started = total, 0, time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        self.step += 1
+        elapsed = time.monotonic() - self.started
+        print(f"[{self.step}/{self.total} {elapsed:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def resolve_options(model_dir: Path, options: ExportOptions) -> PoolerConfig:
+    return resolve(
+        model_dir, task=options.task, pooling_type=options.pooling_type, use_activation=options.use_activation,
+        max_length=options.max_length, step_tag_id=options.step_tag_id,
+        returned_token_ids=options.returned_token_ids, convert=options.convert,
+    )
+
+
+def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
+    # Heavy imports here, so `pooltriton inspect` and `--help` stay fast.
+    from pooltriton.core.tokenization import TextTokenizer
+    from pooltriton.export.encoder import load_encoder, output_width
+    from pooltriton.export.verify import VerificationError, exporter, verify
+
+    runtime, options = options.check(detect())
+    model_dir = Path(model_dir)
+    tokenizer_file = model_dir / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise ResolutionError(f"{model_dir} has no tokenizer.json (a fast tokenizer is required)")
+    progress = Progress(5)
+    progress(f"resolving pooler configuration of {model_dir}")
+    config = resolve_options(model_dir, options)
+    progress(f"loading {config.architecture} ({config.task.value}, {config.pooling_type.value} pooling)")
+    encoder = load_encoder(model_dir, config)
+    width = output_width(encoder, config)
+
+    out = Path(options.out)
+    names = stages(options.name)
+    for stage in names:
+        shutil.rmtree(out / stage, ignore_errors=True)
+    encoder_dir = out / names.encoder
+    artefact = encoder_dir / "1" / runtime.filename
+    progress(f"exporting {options.runtime} encoder ({options.precision}, {options.device}) to {artefact}")
+    export, runner = exporter(options.runtime)
+    # ONNX stays fp32 (OpenVINO lowers the precision when it compiles); TorchScript is traced in the
+    # serving precision on the serving device.
+    lowered = options.runtime == "torchscript" and (options.precision, options.device) != (FP32, CPU)
+    traced = copy.deepcopy(encoder).to_precision(options.precision, options.device) if lowered else encoder
+    tokenizer = TextTokenizer(str(tokenizer_file), config.max_length)
+    try:
+        export(traced, artefact, config.max_length, options.device)
+        del traced
+        progress(f"verifying the {options.runtime} encoder against PyTorch fp32")
+        report = verify(encoder, runner(artefact, options.precision, options.device), tokenizer, config,
+                        runtime=runtime.backend, precision=options.precision, tolerance=options.tolerance)
+    except BaseException as error:
+        # Nothing half-made stays in the repository for a server to load.
+        for stage in names:
+            shutil.rmtree(out / stage, ignore_errors=True)
+        if isinstance(error, VerificationError) and error.report is not None:
+            print(error.report.table(), file=sys.stderr)
+        raise
+    print(report.table(), file=sys.stderr)
+
+    progress(f"writing model configurations under {out}")
+    for model in pipeline_configs(options, config, encoder.input_names, ENCODER_OUTPUT, width,
+                                  tokenizer.pad_token_id):
+        model.write(out)
+    shutil.copy(tokenizer_file, out / names.tokenizer / "1" / "tokenizer.json")
+    _write_json(encoder_dir / "verification.json", asdict(report))
+    _write_json(out / names.ensemble / "pooler_config.json", config.to_json())
+    print(f"exported {options.name} ({options.runtime}, {options.precision}) to {out}", file=sys.stderr)
+    return asdict(report)
+
+
+def score_mode(config: PoolerConfig) -> str | None:
+    """Which scoring a model enables (vLLM: only 1-label classifiers are cross-encoders)."""
+    if config.task is Task.EMBED:
+        return BI_ENCODER
+    if config.task is Task.TOKEN_EMBED and config.pooling_type is PoolingType.ALL:
+        return LATE_INTERACTION
+    if config.task is Task.CLASSIFY and config.num_labels == 1:
+        return CROSS_ENCODER
+    return None
+
+
+def pipeline_configs(
+    options: ExportOptions,
+    config: PoolerConfig,
+    encoder_inputs: tuple[str, ...],
+    encoder_output: str,
+    width: int,
+    pad_token_id: int,
+) -> list[ModelConfig]:
+    names = stages(options.name)
+    ragged = options.batching == "ragged"
+    per_token = config.task.per_token
+    runtime = RUNTIMES[options.runtime]
+    pooled = Tensor(encoder_output, "TYPE_FP32", (-1, width) if per_token else (width,))
+    output = Tensor(OUTPUT_NAMES[config.task], "TYPE_FP32", (width,))
+    public_outputs = [output] + ([Tensor(TOKEN_COUNTS, "TYPE_INT64", (1,))] if per_token else [])
+    text_inputs = [Tensor(TEXT, "TYPE_STRING", (1,)), Tensor(TEXT_PAIR, "TYPE_STRING", (1,), optional=True)]
+    # The pooler of a token task needs the mask (real tokens) and the ids (STEP tags).
+    pooler_extra = [n for n in (ATTENTION_MASK, INPUT_IDS) if per_token]
+    tokenizer_params = {
+        "tokenizer_file": "tokenizer.json",
+        "max_length": config.max_length,
+        "pad_token_id": pad_token_id,
+        "outputs": list(dict.fromkeys([*encoder_inputs, *pooler_extra])),
+    }
+    if not ragged:
+        tokenizer_params["pad_to_buckets"] = [b for b in BUCKETS if b < config.max_length] + [config.max_length]
+    token_outputs = tokenizer_params["outputs"]
+    tokenizer = ModelConfig(
+        name=names.tokenizer, backend="tokenizer", max_batch_size=MAX_BATCH_SIZE,
+        inputs=text_inputs, outputs=[Tensor(n, "TYPE_INT64", (-1,)) for n in token_outputs],
+        # No queue delay (here and on the encoder): under load requests queue while the encoder runs
+        # anyway, and when idle a delay is pure latency on a single text (docs/performance.md).
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS),
+        parameters=tokenizer_params,
+    )
+    encoder = ModelConfig(
+        name=names.encoder, backend=runtime.backend, default_model_filename=runtime.filename,
+        max_batch_size=MAX_BATCH_SIZE,
+        inputs=[Tensor(n, "TYPE_INT64", (-1,), allow_ragged_batch=ragged) for n in encoder_inputs],
+        outputs=[pooled],
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS),
+        instance_kind="KIND_GPU" if options.device == CUDA else "KIND_CPU",
+        # The native backends' own keys, so the config means the same on both servers.
+        parameters={**runtime.parameters(options.encoder_threads, options.precision), "pad_token_id": pad_token_id,
+                    "max_length": config.max_length,
+                    **({"ragged_token_budget": options.ragged_token_budget or RAGGED_TOKEN_BUDGET[options.device]}
+                       if ragged else {})},
+    )
+    pooler_params = {"task": config.task.value, "activation": config.activation.value,
+                     "use_activation": config.use_activation}
+    if config.pooling_type is PoolingType.STEP and config.step_tag_id is not None:
+        pooler_params["step_tag_id"] = config.step_tag_id
+    pooler = ModelConfig(
+        name=names.pooler, backend="pooler", max_batch_size=MAX_BATCH_SIZE,
+        inputs=[pooled] + [Tensor(n, "TYPE_INT64", (-1,)) for n in pooler_extra],
+        outputs=public_outputs,
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0),
+        parameters=pooler_params,
+    )
+    ensemble_params: dict = {"task": config.task.value}
+    if options.matryoshka_dimensions:
+        if not config.task.is_embedding or any(not 0 < d < width for d in options.matryoshka_dimensions):
+            raise ResolutionError(f"Matryoshka dimensions must be below the embedding width {width}, for embed tasks")
+        ensemble_params["matryoshka_dimensions"] = sorted(options.matryoshka_dimensions)
+    if config.labels:
+        ensemble_params["labels"] = list(config.labels)
+    ensemble = ModelConfig(
+        name=names.ensemble, platform="ensemble", max_batch_size=MAX_BATCH_SIZE,
+        inputs=text_inputs, outputs=public_outputs, parameters=ensemble_params,
+        ensemble_steps=[
+            EnsembleStep(names.tokenizer, {TEXT: TEXT, TEXT_PAIR: TEXT_PAIR},
+                         {n: n for n in token_outputs}),
+            EnsembleStep(names.encoder, {n: n for n in encoder_inputs}, {encoder_output: encoder_output}),
+            EnsembleStep(names.pooler, {n: n for n in (encoder_output, *pooler_extra)},
+                         {t.name: t.name for t in public_outputs}),
+        ],
+    )
+    models = [tokenizer, encoder, pooler, ensemble]
+    mode = score_mode(config)
+    if mode is not None:
+        models.append(ModelConfig(
+            name=names.score, backend="scorer", max_batch_size=0,
+            inputs=[Tensor(QUERY, "TYPE_STRING", (-1,)), Tensor(DOCUMENTS, "TYPE_STRING", (-1,))],
+            outputs=[Tensor(SCORES, "TYPE_FP32", (-1,))],
+            instance_count=2,  # scoring waits on the ensemble it calls; two let requests overlap
+            parameters={"mode": mode, "model": names.ensemble, "output": output.name},
+        ))
+    return models
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")

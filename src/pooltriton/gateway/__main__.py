@@ -1,0 +1,5 @@
+import sys
+
+from pooltriton.gateway.app import main
+
+sys.exit(main())

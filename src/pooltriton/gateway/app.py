@@ -1,0 +1,482 @@
+"""HTTP gateway with OpenAI-, Cohere- and vLLM-shaped routes in front of Triton (gRPC).
+
+    python -m pooltriton.gateway.app --triton localhost:8001 --repository model_repository --port 8080
+
+Every pooling model in the repository (an ensemble whose config names its task) is served:
+/v1/embeddings (OpenAI), /v2/embed (Cohere), /classify, /score and /v1/score, /rerank, /v1/rerank,
+/v2/rerank, /pooling, /tokenize, /detokenize, /v1/models, /health, /metrics. Errors use OpenAI's
+shape: {"error": {"message", "type", "param", "code"}}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, Field
+from tritonclient.utils import InferenceServerException
+
+from pooltriton.client.triton import AsyncPoolingClient
+from pooltriton.contract import DOCUMENTS, QUERY, SCORES, TOKEN_COUNTS, stages, triton_priority
+from pooltriton.contract import requests as protocol
+from pooltriton.contract.requests import TritonRequest, classify
+from pooltriton.core.tokenization import TextTokenizer
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+        self.kind = kind or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                             413: "invalid_request_error", 422: "invalid_request_error",
+                             429: "rate_limit_error", 503: "service_unavailable"}.get(status, "server_error")
+
+
+def error_body(status: int, message: str, kind: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+@dataclass
+class ServedModel:
+    name: str
+    task: str
+    outputs: tuple[str, ...]
+    labels: tuple[str, ...]
+    scorer: str | None
+    tokenizer: TextTokenizer | None
+    max_length: int | None
+    dimensions: tuple[int, ...]  # Matryoshka sizes the model declares; empty: none
+
+    @property
+    def per_token(self) -> bool:
+        return TOKEN_COUNTS in self.outputs
+
+
+class Triton:
+    """The models the repository serves and async inference against them."""
+
+    def __init__(self, url: str, repository: Path | None) -> None:
+        self.url, self.repository = url, repository
+        self.client: AsyncPoolingClient | None = None  # made inside the server's event loop
+        self.models: dict[str, ServedModel] = {}
+
+    async def refresh(self) -> None:
+        index = await self.client.server.get_model_repository_index(as_json=True)
+        names = {m["name"] for m in index.get("models", []) if m.get("state", "READY") == "READY"}
+        models = {}
+        for name in sorted(names):
+            config = (await self.client.server.get_model_config(name, as_json=True))["config"]
+            parameters = {k: v["string_value"] for k, v in (config.get("parameters") or {}).items()}
+            if config.get("platform") != "ensemble" or "task" not in parameters:
+                continue
+            models[name] = ServedModel(
+                name=name, task=parameters["task"], outputs=tuple(o["name"] for o in config["output"]),
+                labels=tuple(json.loads(parameters.get("labels", "[]"))),
+                scorer=stages(name).score if stages(name).score in names else None,
+                tokenizer=None, max_length=None,
+                dimensions=tuple(json.loads(parameters.get("matryoshka_dimensions", "[]"))),
+            )
+            self._attach_tokenizer(models[name])
+        self.models = models
+
+    def _attach_tokenizer(self, model: ServedModel) -> None:
+        if self.repository is None:
+            return
+        tokenizer_file = self.repository / stages(model.name).tokenizer / "1" / "tokenizer.json"
+        pooler_config = self.repository / model.name / "pooler_config.json"
+        if tokenizer_file.is_file() and pooler_config.is_file():
+            model.max_length = int(json.loads(pooler_config.read_text())["max_length"])
+            model.tokenizer = TextTokenizer(str(tokenizer_file), model.max_length)
+
+    def model(self, name: str | None, task: str | None = None) -> ServedModel:
+        if name is None:
+            candidates = [m for m in self.models.values() if task is None or m.task == task]
+            if not candidates:
+                raise APIError(404, f"no served model for task {task!r}", "model")
+            return candidates[0]
+        if name not in self.models:
+            raise APIError(404, f"The model `{name}` does not exist. Served: {sorted(self.models)}", "model",
+                           "model_not_found")
+        return self.models[name]
+
+    async def _infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
+        """Through the async client (its retries on UNAVAILABLE); Triton's error -> its HTTP status."""
+        try:
+            return await self.client.infer(request)
+        except InferenceServerException as error:
+            failure = classify(error)
+            raise APIError(failure.status, failure.message) from None
+
+    async def encode(self, model: ServedModel, texts: list[str], parameters: dict[str, Any],
+                     pairs: list[str] | None = None, priority: int = 0) -> np.ndarray | list[np.ndarray]:
+        """Requests of at most MAX_BATCH_SIZE texts, sent concurrently, reassembled in order."""
+        if not texts:
+            raise APIError(400, "input is empty: send at least one text", "input")
+        requests = protocol.encode_requests(model.name, model.outputs, texts, pairs, parameters, priority)
+        return protocol.reassemble(model.outputs, await asyncio.gather(*(self._infer(r) for r in requests)))
+
+    async def score(self, model: ServedModel, queries: list[str], documents: list[str],
+                    parameters: dict[str, Any], priority: int = 0) -> np.ndarray:
+        if model.scorer is None:
+            raise APIError(400, f"model {model.name!r} ({model.task}) cannot score: scoring needs a 1-label "
+                           "classifier (cross-encoder), an embed model or a token_embed model", "model")
+        if not queries or not documents:
+            raise APIError(400, "scoring needs at least one query and one document")
+        request = TritonRequest(model.scorer, {QUERY: queries, DOCUMENTS: documents}, (SCORES,),
+                          protocol.parameters(parameters), False, priority)
+        return (await self._infer(request))[SCORES]
+
+
+# ---- request bodies -------------------------------------------------------------------------------
+class Options(BaseModel):
+    """Options every route shares (vLLM's names)."""
+
+    model: str | None = None
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, le=1_000_000)
+    truncation_side: Literal["left", "right"] | None = None
+    use_activation: bool | None = None
+    priority: int = Field(0, ge=-1000, le=1000)
+    user: str | None = None
+
+    def parameters(self) -> dict[str, Any]:
+        """vLLM: truncate_prompt_tokens k keeps the last k tokens (left side unless truncation_side
+        says right); -1 means the model's own limit."""
+        parameters: dict[str, Any] = {}
+        if self.truncate_prompt_tokens is not None:
+            parameters["truncate"] = "END" if self.truncation_side == "right" else "START"
+            if self.truncate_prompt_tokens > 0:
+                parameters["max_tokens"] = self.truncate_prompt_tokens
+        if self.use_activation is not None:
+            parameters["use_activation"] = self.use_activation
+        return parameters
+
+
+class EmbeddingRequest(Options):
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, gt=0)
+
+
+class CohereEmbedRequest(BaseModel):
+    model: str | None = None
+    texts: list[str]
+    input_type: str | None = None
+    embedding_types: list[Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]] = ["float"]
+    output_dimension: int | None = Field(None, gt=0)
+    truncate: Literal["NONE", "START", "END"] = "END"
+
+
+class ClassifyRequest(Options):
+    input: str | list[str]
+
+
+class ScoreRequest(Options):
+    text_1: str | list[str]
+    text_2: str | list[str]
+
+
+class RerankRequest(Options):
+    query: str
+    documents: list[str]
+    top_n: int | None = Field(None, gt=0)
+    return_documents: bool = True
+
+
+class PoolingRequest(Options):
+    input: str | list[str]
+
+
+class TokenizeRequest(BaseModel):
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model: str | None = None
+    tokens: list[int]
+
+
+# ---- helpers --------------------------------------------------------------------------------------
+def as_texts(value: Any, field: str = "input") -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise APIError(400, f"{field}: token-id input is not supported by this server yet; send text", field)
+
+
+def as_token_ids(value: Any) -> list[list[int]] | None:
+    """OpenAI's pre-tokenised input: a list of ids, or a list of such lists; None for text."""
+    if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        return value
+    return None
+
+
+def count_tokens(model: ServedModel, texts: list[str]) -> int:
+    if model.tokenizer is None:
+        return 0
+    return sum(model.tokenizer.lengths(texts))
+
+
+def matryoshka(model: ServedModel, vectors: np.ndarray, dimensions: int | None, field: str) -> np.ndarray:
+    if dimensions is None or dimensions == vectors.shape[1]:
+        return vectors
+    if dimensions not in model.dimensions:
+        declared = f"only {list(model.dimensions)}" if model.dimensions else "no Matryoshka dimensions"
+        raise APIError(400, f"model {model.name!r} does not support {field}={dimensions}: it declares {declared}",
+                       field)
+    cut = vectors[:, :dimensions]
+    return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)
+
+
+def usage(tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": tokens, "total_tokens": tokens}
+
+
+# ---- the app --------------------------------------------------------------------------------------
+def create_app(triton_url: str, repository: Path | None = None, api_key: str | None = None) -> FastAPI:
+    triton = Triton(triton_url, repository)
+    counters: dict[tuple[str, int], int] = {}
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        triton.client = AsyncPoolingClient(triton.url, protocol="grpc")
+        try:
+            await triton.refresh()
+        except InferenceServerException:
+            pass  # Triton not up yet: /health says so, routes refresh on demand
+        yield
+        await triton.client.close()
+
+    app = FastAPI(title="pooltriton gateway", version="0.1.0", lifespan=lifespan,
+                  description="OpenAI-, Cohere- and vLLM-compatible pooling API in front of Triton")
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        started = time.monotonic()
+        if request.url.path != "/health" and api_key:
+            if request.headers.get("authorization", "") != f"Bearer {api_key}":
+                return JSONResponse(error_body(401, "missing or wrong API key (Authorization: Bearer ...)",
+                                               "authentication_error"), status_code=401)
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            return JSONResponse(error_body(413, f"request body over {MAX_BODY_BYTES} bytes", "invalid_request_error"),
+                                status_code=413)
+        response = await call_next(request)
+        key = (request.url.path, response.status_code)
+        counters[key] = counters.get(key, 0) + 1
+        response.headers["x-process-time-ms"] = f"{(time.monotonic() - started) * 1000:.1f}"
+        return response
+
+    @app.exception_handler(APIError)
+    async def api_error(_request: Request, error: APIError):
+        return JSONResponse(error_body(error.status, error.message, error.kind, error.param), status_code=error.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, error: RequestValidationError):
+        first = error.errors()[0] if error.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", []) if p != "body")
+        status = 400 if first.get("type") == "json_invalid" else 422
+        return JSONResponse(error_body(status, f"{where}: {first.get('msg', 'invalid request')}",
+                                       "invalid_request_error", where or None), status_code=status)
+
+    async def served(name: str | None, task: str | None = None) -> ServedModel:
+        if not triton.models:
+            try:
+                await triton.refresh()
+            except InferenceServerException as error:
+                raise APIError(503, f"Triton is unavailable: {error.message()}") from None
+        return triton.model(name, task)
+
+    @app.get("/health")
+    async def health():
+        try:
+            live = await triton.client.server.is_server_ready()
+        except InferenceServerException:
+            live = False
+        if not live:
+            return JSONResponse(error_body(503, "Triton is not ready", "service_unavailable"), status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def list_models():
+        await served(None) if not triton.models else None
+        return {"object": "list", "data": [
+            {"id": m.name, "object": "model", "created": 0, "owned_by": "pooltriton", "task": m.task,
+             "max_model_len": m.max_length, "scoring": m.scorer is not None} for m in triton.models.values()]}
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest):
+        model = await served(body.model, "embed")
+        parameters = body.parameters()
+        token_rows = as_token_ids(body.input)
+        if token_rows is not None:
+            texts = [json.dumps(row) for row in token_rows]
+            parameters["input_format"] = "token_ids"
+        else:
+            texts = as_texts(body.input)
+        vectors = await triton.encode(model, texts, parameters, priority=triton_priority(body.priority))
+        if model.per_token:
+            raise APIError(400, f"model {model.name!r} is {model.task}: use /pooling for token outputs", "model")
+        vectors = matryoshka(model, vectors, body.dimensions, "dimensions")
+        data = []
+        for index, vector in enumerate(vectors):
+            value = (base64.b64encode(vector.astype(np.float32).tobytes()).decode()
+                     if body.encoding_format == "base64" else vector.tolist())
+            data.append({"object": "embedding", "index": index, "embedding": value})
+        tokens = sum(map(len, token_rows)) if token_rows is not None else count_tokens(model, texts)
+        return {"object": "list", "data": data, "model": model.name, "usage": usage(tokens)}
+
+    @app.post("/v2/embed")
+    async def cohere_embed(body: CohereEmbedRequest):
+        model = await served(body.model, "embed")
+        parameters = {} if body.truncate == "NONE" else {"truncate": body.truncate}
+        vectors = matryoshka(model, await triton.encode(model, body.texts, parameters), body.output_dimension,
+                             "output_dimension")
+        embeddings: dict[str, Any] = {}
+        for kind in dict.fromkeys(body.embedding_types):
+            embeddings[kind] = cohere_encode(vectors, kind)
+        tokens = count_tokens(model, body.texts)
+        return {"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": body.texts,
+                "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}},
+                "response_type": "embeddings_by_type"}
+
+    @app.post("/classify")
+    async def classify(body: ClassifyRequest):
+        model = await served(body.model, "classify")
+        if model.task != "classify":
+            raise APIError(400, f"model {model.name!r} is {model.task}, not classify", "model")
+        texts = as_texts(body.input)
+        probabilities = await triton.encode(model, texts, body.parameters(), priority=triton_priority(body.priority))
+        data = [{"index": i, "label": model.labels[int(p.argmax())] if model.labels else int(p.argmax()),
+                 "probs": p.tolist(), "num_classes": len(p)} for i, p in enumerate(probabilities)]
+        return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                "model": model.name, "data": data, "usage": usage(count_tokens(model, texts))}
+
+    async def score_route(body: ScoreRequest):
+        model = await served(body.model)
+        queries, documents = as_texts(body.text_1, "text_1"), as_texts(body.text_2, "text_2")
+        scores = await triton.score(model, queries, documents, body.parameters(), triton_priority(body.priority))
+        return {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                "model": model.name, "data": [{"index": i, "object": "score", "score": float(s)}
+                                              for i, s in enumerate(scores)],
+                "usage": usage(count_tokens(model, queries + documents))}
+
+    async def rerank_route(body: RerankRequest):
+        model = await served(body.model)
+        if not body.documents:
+            raise APIError(400, "documents is empty", "documents")
+        scores = await triton.score(model, [body.query], body.documents, body.parameters(),
+                                    triton_priority(body.priority))
+        order = np.argsort(-scores, kind="stable")[: body.top_n or len(body.documents)]
+        results = []
+        for i in order:
+            item: dict[str, Any] = {"index": int(i), "relevance_score": float(scores[i])}
+            if body.return_documents:
+                item["document"] = {"text": body.documents[i]}
+            results.append(item)
+        return {"id": f"rerank-{uuid.uuid4().hex}", "model": model.name, "results": results,
+                "usage": {"total_tokens": count_tokens(model, [body.query, *body.documents])}}
+
+    for path in ("/score", "/v1/score"):
+        app.post(path)(score_route)
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        app.post(path)(rerank_route)
+
+    @app.post("/pooling")
+    async def pooling(body: PoolingRequest):
+        model = await served(body.model)
+        texts = as_texts(body.input)
+        values = await triton.encode(model, texts, body.parameters(), priority=triton_priority(body.priority))
+        return {"id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model.name,
+                "data": [{"index": i, "object": "pooling", "data": np.asarray(v).tolist()}
+                         for i, v in enumerate(values)], "usage": usage(count_tokens(model, texts))}
+
+    def tokenizer_of(model: ServedModel) -> TextTokenizer:
+        if model.tokenizer is None:
+            raise APIError(400, f"model {model.name!r}: the gateway was started without --repository, so it "
+                           "cannot tokenize", "model")
+        return model.tokenizer
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        model = await served(body.model)
+        ids = tokenizer_of(model).ids(body.prompt, add_special_tokens=body.add_special_tokens)
+        return {"tokens": ids, "count": len(ids), "max_model_len": model.max_length}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        model = await served(body.model)
+        tokenizer = tokenizer_of(model)
+        vocab = tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in body.tokens):
+            raise APIError(400, f"tokens must be ids in [0, {vocab})", "tokens")
+        return {"prompt": tokenizer.decode(body.tokens)}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics():
+        lines = ["# HELP pooltriton_gateway_requests_total Requests by route and status.",
+                 "# TYPE pooltriton_gateway_requests_total counter"]
+        lines += [f'pooltriton_gateway_requests_total{{route="{path}",status="{status}"}} {count}'
+                  for (path, status), count in sorted(counters.items())]
+        return "\n".join(lines) + "\n"
+
+    return app
+
+
+def cohere_encode(vectors: np.ndarray, kind: str) -> list:
+    """Cohere's embedding types. int8/uint8 scale unit-vector components by 127; binary types pack
+    the sign bits 8 per byte (binary: signed, ubinary: unsigned)."""
+    if kind == "float":
+        return vectors.tolist()
+    if kind == "base64":
+        return [base64.b64encode(v.astype(np.float32).tobytes()).decode() for v in vectors]
+    if kind in ("int8", "uint8"):
+        scaled = np.clip(np.round(vectors * 127), -128, 127).astype(np.int64)
+        return (scaled + (128 if kind == "uint8" else 0)).tolist()
+    packed = np.packbits(vectors > 0, axis=1).astype(np.int64)
+    return (packed - 128 if kind == "binary" else packed).tolist()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(prog="pooltriton-gateway", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--triton", default="localhost:8001", help="Triton gRPC address")
+    parser.add_argument("--repository", default="model_repository", help="for tokenizers and limits")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--api-key", default=os.environ.get("POOLTRITON_API_KEY"),
+                        help="require 'Authorization: Bearer KEY' on every route but /health")
+    parser.add_argument("--write-openapi", metavar="FILE", help="write the OpenAPI document and exit")
+    args = parser.parse_args(argv)
+    if args.write_openapi:
+        document = create_app(args.triton).openapi()
+        Path(args.write_openapi).write_text(json.dumps(document, indent=2) + "\n")
+        return 0
+    repository = Path(args.repository) if args.repository and Path(args.repository).is_dir() else None
+    uvicorn.run(create_app(args.triton, repository, args.api_key), host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
