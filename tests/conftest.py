@@ -44,14 +44,14 @@ def start_server(repository: Path, log_file: Path, **kwargs) -> TritonServer:
 
 
 @contextmanager
-def running_gateway(grpc_url: str, repository: Path, api_key: str | None = None):
+def running_gateway(grpc_url: str, api_key: str | None = None, client=None):
     """The HTTP gateway in a thread of this process (uvicorn), on a free port; yields its base URL."""
     import uvicorn
 
     from pooltriton.gateway.app import create_app
 
     port = free_port()
-    gateway = uvicorn.Server(uvicorn.Config(create_app(grpc_url, repository, api_key=api_key), host="127.0.0.1",
+    gateway = uvicorn.Server(uvicorn.Config(create_app(grpc_url, api_key=api_key, client=client), host="127.0.0.1",
                                             port=port, log_level="warning"))
     thread = threading.Thread(target=gateway.run, daemon=True)
     thread.start()

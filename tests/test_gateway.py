@@ -8,14 +8,14 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import REPOSITORY, running_gateway
+from conftest import running_gateway
 
 API_KEY = "test-key"
 
 
 @pytest.fixture(scope="module")
 def gateway(server):
-    with running_gateway(server.grpc_url, REPOSITORY, api_key=API_KEY) as url:
+    with running_gateway(server.grpc_url, api_key=API_KEY) as url:
         yield url
 
 
@@ -77,6 +77,9 @@ def test_score_and_rerank_routes(http, http_client) -> None:
         body = http.post(path, json={"model": "minilm", "query": query, "documents": documents, "top_n": 1}).json()
         assert [r["index"] for r in body["results"]] == [1]
         assert body["results"][0]["document"]["text"] == documents[1]
+        # Usage as the model counted it (query and documents, special tokens included), as vLLM reports it.
+        lengths = [len(ids) for ids in http_client.tokenize([query, *documents])]
+        assert body["usage"] == {"prompt_tokens": sum(lengths), "total_tokens": sum(lengths)}
 
 
 def test_pooling_token_output_and_tokenize(http, http_client) -> None:
@@ -86,7 +89,12 @@ def test_pooling_token_output_and_tokenize(http, http_client) -> None:
     tokens = http.post("/tokenize", json={"model": "minilm", "prompt": "hello world"}).json()
     assert tokens["count"] == 4 and tokens["max_model_len"] == 256
     text = http.post("/detokenize", json={"model": "minilm", "tokens": tokens["tokens"]}).json()["prompt"]
-    assert "hello world" in text
+    assert text == "[CLS] hello world [SEP]"  # vLLM keeps special tokens unless asked not to
+    plain = http.post("/detokenize", json={"model": "minilm", "tokens": tokens["tokens"],
+                                           "skip_special_tokens": True}).json()["prompt"]
+    assert plain == "hello world"
+    bare = http.post("/tokenize", json={"model": "minilm", "prompt": "hello world", "add_special_tokens": False})
+    assert bare.json()["tokens"] == tokens["tokens"][1:-1]
 
 
 def test_models_health_metrics(gateway, http) -> None:
@@ -123,6 +131,7 @@ def test_truncate_prompt_tokens(http, minilm_st, tokens, side) -> None:
         payload["truncation_side"] = side
     body = http.post("/v1/embeddings", json=payload).json()
     limit = 256 if tokens == -1 else min(tokens, 256)
+    assert body["usage"]["prompt_tokens"] == limit  # the tokens the model read, not the untruncated length
     minilm_st.max_seq_length, minilm_st.tokenizer.truncation_side = limit, side or "left"
     try:
         expected = minilm_st.encode([long], normalize_embeddings=True)[0]
@@ -197,7 +206,7 @@ def test_no_server_errors_for_arbitrary_json(http) -> None:
 def test_triton_unavailable_is_503(tmp_path) -> None:
     from conftest import free_port
 
-    with running_gateway(f"localhost:{free_port()}", REPOSITORY) as url:
+    with running_gateway(f"localhost:{free_port()}") as url:
         assert httpx.get(f"{url}/health").status_code == 503
         response = httpx.post(f"{url}/v1/embeddings", json={"model": "minilm", "input": "x"})
         assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable"
@@ -205,7 +214,7 @@ def test_triton_unavailable_is_503(tmp_path) -> None:
 
 def test_committed_openapi_document_is_current(http) -> None:
     """docs/openapi.json is the gateway's published contract: regenerate it when routes change
-    (python -m pooltriton.gateway.app --write-openapi docs/openapi.json)."""
+    (python -m pooltriton.gateway --write-openapi docs/openapi.json)."""
     import json
     from pathlib import Path
 

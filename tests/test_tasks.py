@@ -265,11 +265,11 @@ def test_gateway_classify_and_cross_encoder_rerank(served, tiny_root: Path) -> N
     """The gateway's /classify and /rerank routes on classifiers (the default repository has none)."""
     import httpx
 
-    _runtime, client, server, repository = served
+    _runtime, client, server, _repository = served
     case = next(c for c in CASES if c.name == "llama_classify")
     texts = texts_for(case)[:4]
     expected = reference(case, folder_of(tiny_root, case), texts)
-    with running_gateway(server.grpc_url, repository) as url:
+    with running_gateway(server.grpc_url) as url:
         body = httpx.post(f"{url}/classify", json={"model": "llama_classify", "input": texts}, timeout=60).json()
         probabilities = np.array([d["probs"] for d in body["data"]])
         assert np.abs(probabilities - np.array(expected)).max() <= MAX_ABS

@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                               http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
         gateway = None
         if args.gateway_port:
-            gateway = [sys.executable, "-m", "pooltriton.gateway.app", "--triton", f"localhost:{args.grpc_port}",
-                       "--repository", args.repository, "--port", str(args.gateway_port)]
+            gateway = [sys.executable, "-m", "pooltriton.gateway", "--triton", f"localhost:{args.grpc_port}",
+                       "--port", str(args.gateway_port)]
         return server.run_foreground(companion=gateway)
     return 0
 

@@ -145,9 +145,6 @@ class _Requests:
         order = np.argsort(-scores, kind="stable")[: top_n or len(documents)]
         return [RerankResult(int(i), float(scores[i]), documents[i]) for i in order]
 
-    @staticmethod
-    def _token_lists(result: dict[str, np.ndarray]) -> list[list[int]]:
-        return [row[mask.astype(bool)].tolist() for row, mask in zip(result[INPUT_IDS], result[ATTENTION_MASK])]
 
 
 class PoolingClient(_Requests):
@@ -226,7 +223,7 @@ class PoolingClient(_Requests):
 
     def tokenize(self, texts: str | Sequence[str], *, model: str | None = None, **options: Any) -> list[list[int]]:
         """Token ids per text, from the model's own tokenizer stage (`<model>_tokenizer`)."""
-        return self._token_lists(self.infer(self._tokenize_request(model, texts, options)))
+        return protocol.token_lists(self.infer(self._tokenize_request(model, texts, options)))
 
     def plugin(self, model: str, inputs: str | Sequence[str], **parameters: Any) -> list[Any]:
         """Call a plugin model (see pooltriton.core.plugins): one decoded JSON answer per input."""
@@ -302,7 +299,7 @@ class AsyncPoolingClient(_Requests):
 
     async def tokenize(self, texts: str | Sequence[str], *, model: str | None = None,
                        **options: Any) -> list[list[int]]:
-        return self._token_lists(await self.infer(self._tokenize_request(model, texts, options)))
+        return protocol.token_lists(await self.infer(self._tokenize_request(model, texts, options)))
 
     async def plugin(self, model: str, inputs: str | Sequence[str], **parameters: Any) -> list[Any]:
         result = await self.infer(self._plugin_request(model, inputs, parameters))

@@ -16,6 +16,9 @@ OUTPUT_NAMES = {Task.EMBED: "EMBEDDING", Task.CLASSIFY: "PROBABILITIES",
                 Task.TOKEN_EMBED: "TOKEN_EMBEDDINGS", Task.TOKEN_CLASSIFY: "TOKEN_PROBABILITIES"}
 # Token tasks: rows of all texts concatenated, TOKEN_COUNTS [n, 1] says how many belong to each text.
 TOKEN_COUNTS = "TOKEN_COUNTS"
+# INT64: the tokens the model read per text ([n, 1] from ensembles, after truncation) or in all
+# ([1] from scorers): what usage reports, so no client tokenizes a second time.
+PROMPT_TOKENS = "PROMPT_TOKENS"
 # Every batched model's max_batch_size: clients split bigger inputs into requests of at most this.
 MAX_BATCH_SIZE = 128
 # Request priority 1 (high), 2 (default), 3 (low) on the batched stages; ensembles pass it through.
@@ -24,6 +27,9 @@ PRIORITY_LEVELS = 3
 # ---- the stages between tokenizer, encoder and pooler -----------------------------------------------
 INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS = "input_ids", "attention_mask", "token_type_ids"
 ENCODER_OUTPUT = "pooled"
+# The tokenizer stage called on its own (vLLM's /tokenize, /detokenize): request parameter "mode".
+TOKENIZE, DETOKENIZE = "tokenize", "detokenize"
+DETOKENIZED = "DETOKENIZED"  # BYTES [n, 1], the text of each row of ids (mode detokenize)
 
 # ---- scoring (<name>_score) ---------------------------------------------------------------------------
 QUERY, DOCUMENTS, SCORES = "QUERY", "DOCUMENTS", "SCORES"  # BYTES [q], BYTES [d] -> FP32 [d]

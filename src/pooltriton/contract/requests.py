@@ -15,7 +15,17 @@ from typing import Any
 
 import numpy as np
 
-from pooltriton.contract import DOCUMENTS, MAX_BATCH_SIZE, QUERY, TEXT, TEXT_PAIR, TOKEN_COUNTS
+from pooltriton.contract import (
+    ATTENTION_MASK,
+    DOCUMENTS,
+    INPUT_IDS,
+    MAX_BATCH_SIZE,
+    PROMPT_TOKENS,
+    QUERY,
+    TEXT,
+    TEXT_PAIR,
+    TOKEN_COUNTS,
+)
 from pooltriton.core.scoring import split_tokens
 
 RETRIES = 4  # attempts on UNAVAILABLE (server starting, overloaded), with exponential backoff
@@ -82,6 +92,16 @@ def reassemble(outputs: Sequence[str], results: Sequence[dict[str, np.ndarray]])
     if TOKEN_COUNTS in outputs:
         return [rows for r in results for rows in split_tokens(r[outputs[0]], r[TOKEN_COUNTS])]
     return np.concatenate([r[outputs[0]] for r in results], axis=0)
+
+
+def prompt_tokens(results: Sequence[dict[str, np.ndarray]]) -> int:
+    """The tokens the model read for these results (usage), as the served models count them."""
+    return sum(int(r[PROMPT_TOKENS].sum()) for r in results if PROMPT_TOKENS in r)
+
+
+def token_lists(result: dict[str, np.ndarray]) -> list[list[int]]:
+    """A tokenizer stage's answer as one list of real token ids per text."""
+    return [row[mask.astype(bool)].tolist() for row, mask in zip(result[INPUT_IDS], result[ATTENTION_MASK])]
 
 
 def score_inputs(query: str | Sequence[str], documents: str | Sequence[str]) -> dict[str, list[str]]:

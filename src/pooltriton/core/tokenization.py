@@ -71,8 +71,14 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         return self._plain.get_vocab_size(with_added_tokens=True)
 
-    def decode(self, ids: list[int]) -> str:
-        return self._plain.decode(ids)
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """vLLM's /detokenize keeps special tokens unless asked not to."""
+        return self._plain.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def check_ids(self, ids: list[int], what: str = "tokens") -> None:
+        vocab = self.vocab_size
+        if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids):
+            raise InputError(f"{what} must be ids in [0, {vocab})")
 
     def limit(self, max_tokens: object) -> int:
         """A request's own token limit (vLLM's truncate_prompt_tokens): at most the model's; -1 or

@@ -26,6 +26,7 @@ from pooltriton.contract import (
     ATTENTION_MASK,
     BI_ENCODER,
     CROSS_ENCODER,
+    DETOKENIZED,
     DOCUMENTS,
     ENCODER_OUTPUT,
     INPUT_IDS,
@@ -33,6 +34,7 @@ from pooltriton.contract import (
     MAX_BATCH_SIZE,
     OUTPUT_NAMES,
     PRIORITY_LEVELS,
+    PROMPT_TOKENS,
     QUERY,
     SCORES,
     TEXT,
@@ -212,9 +214,11 @@ def pipeline_configs(
     if not ragged:
         tokenizer_params["pad_to_buckets"] = [b for b in BUCKETS if b < config.max_length] + [config.max_length]
     token_outputs = tokenizer_params["outputs"]
+    prompt_tokens = Tensor(PROMPT_TOKENS, "TYPE_INT64", (1,))
     tokenizer = ModelConfig(
         name=names.tokenizer, backend="tokenizer", max_batch_size=MAX_BATCH_SIZE,
-        inputs=text_inputs, outputs=[Tensor(n, "TYPE_INT64", (-1,)) for n in token_outputs],
+        inputs=text_inputs, outputs=[*(Tensor(n, "TYPE_INT64", (-1,)) for n in token_outputs), prompt_tokens,
+                                     Tensor(DETOKENIZED, "TYPE_STRING", (1,))],
         # No queue delay (here and on the encoder): under load requests queue while the encoder runs
         # anyway, and when idle a delay is pure latency on a single text (docs/performance.md).
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS),
@@ -244,7 +248,7 @@ def pipeline_configs(
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0),
         parameters=pooler_params,
     )
-    ensemble_params: dict = {"task": config.task.value}
+    ensemble_params: dict = {"task": config.task.value, "max_length": config.max_length}
     if options.matryoshka_dimensions:
         if not config.task.is_embedding or any(not 0 < d < width for d in options.matryoshka_dimensions):
             raise ResolutionError(f"Matryoshka dimensions must be below the embedding width {width}, for embed tasks")
@@ -253,10 +257,10 @@ def pipeline_configs(
         ensemble_params["labels"] = list(config.labels)
     ensemble = ModelConfig(
         name=names.ensemble, platform="ensemble", max_batch_size=MAX_BATCH_SIZE,
-        inputs=text_inputs, outputs=public_outputs, parameters=ensemble_params,
+        inputs=text_inputs, outputs=[*public_outputs, prompt_tokens], parameters=ensemble_params,
         ensemble_steps=[
             EnsembleStep(names.tokenizer, {TEXT: TEXT, TEXT_PAIR: TEXT_PAIR},
-                         {n: n for n in token_outputs}),
+                         {n: n for n in (*token_outputs, PROMPT_TOKENS)}),
             EnsembleStep(names.encoder, {n: n for n in encoder_inputs}, {encoder_output: encoder_output}),
             EnsembleStep(names.pooler, {n: n for n in (encoder_output, *pooler_extra)},
                          {t.name: t.name for t in public_outputs}),
@@ -268,7 +272,7 @@ def pipeline_configs(
         models.append(ModelConfig(
             name=names.score, backend="scorer", max_batch_size=0,
             inputs=[Tensor(QUERY, "TYPE_STRING", (-1,)), Tensor(DOCUMENTS, "TYPE_STRING", (-1,))],
-            outputs=[Tensor(SCORES, "TYPE_FP32", (-1,))],
+            outputs=[Tensor(SCORES, "TYPE_FP32", (-1,)), prompt_tokens],
             instance_count=2,  # scoring waits on the ensemble it calls; two let requests overlap
             parameters={"mode": mode, "model": names.ensemble, "output": output.name},
         ))

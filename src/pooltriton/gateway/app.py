@@ -1,8 +1,11 @@
 """HTTP gateway with OpenAI-, Cohere- and vLLM-shaped routes in front of Triton (gRPC).
 
-    python -m pooltriton.gateway.app --triton localhost:8001 --repository model_repository --port 8080
+    python -m pooltriton.gateway --triton localhost:8001 --port 8080
 
-Every pooling model in the repository (an ensemble whose config names its task) is served:
+A thin HTTP front over the async client (`AsyncPoolingClient`, injectable for tests): it knows only
+what Triton tells it (model configs; token counts come back with every answer), so it needs no
+access to the model repository's files. Every served pooling model (an ensemble whose config names
+its task) is served:
 /v1/embeddings (OpenAI), /v2/embed (Cohere), /classify, /score and /v1/score, /rerank, /v1/rerank,
 /v2/rerank, /pooling, /tokenize, /detokenize, /v1/models, /health, /metrics. Errors use OpenAI's
 shape: {"error": {"message", "type", "param", "code"}}.
@@ -30,10 +33,23 @@ from pydantic import BaseModel, Field
 from tritonclient.utils import InferenceServerException
 
 from pooltriton.client.triton import AsyncPoolingClient
-from pooltriton.contract import DOCUMENTS, QUERY, SCORES, TOKEN_COUNTS, stages, triton_priority
+from pooltriton.contract import (
+    ATTENTION_MASK,
+    DETOKENIZE,
+    DETOKENIZED,
+    DOCUMENTS,
+    INPUT_IDS,
+    PROMPT_TOKENS,
+    QUERY,
+    SCORES,
+    TEXT,
+    TOKEN_COUNTS,
+    TOKENIZE,
+    stages,
+    triton_priority,
+)
 from pooltriton.contract import requests as protocol
 from pooltriton.contract.requests import TritonRequest, classify
-from pooltriton.core.tokenization import TextTokenizer
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -58,7 +74,6 @@ class ServedModel:
     outputs: tuple[str, ...]
     labels: tuple[str, ...]
     scorer: str | None
-    tokenizer: TextTokenizer | None
     max_length: int | None
     dimensions: tuple[int, ...]  # Matryoshka sizes the model declares; empty: none
 
@@ -68,11 +83,13 @@ class ServedModel:
 
 
 class Triton:
-    """The models the repository serves and async inference against them."""
+    """The models Triton serves and async inference against them, through the async client."""
 
-    def __init__(self, url: str, repository: Path | None) -> None:
-        self.url, self.repository = url, repository
-        self.client: AsyncPoolingClient | None = None  # made inside the server's event loop
+    def __init__(self, url: str, client: Any | None = None) -> None:
+        self.url = url
+        # Made inside the server's event loop unless injected (a fake in the route tests).
+        self.client: Any | None = client
+        self.owns_client = client is None
         self.models: dict[str, ServedModel] = {}
 
     async def refresh(self) -> None:
@@ -88,20 +105,10 @@ class Triton:
                 name=name, task=parameters["task"], outputs=tuple(o["name"] for o in config["output"]),
                 labels=tuple(json.loads(parameters.get("labels", "[]"))),
                 scorer=stages(name).score if stages(name).score in names else None,
-                tokenizer=None, max_length=None,
+                max_length=int(parameters["max_length"]) if "max_length" in parameters else None,
                 dimensions=tuple(json.loads(parameters.get("matryoshka_dimensions", "[]"))),
             )
-            self._attach_tokenizer(models[name])
         self.models = models
-
-    def _attach_tokenizer(self, model: ServedModel) -> None:
-        if self.repository is None:
-            return
-        tokenizer_file = self.repository / stages(model.name).tokenizer / "1" / "tokenizer.json"
-        pooler_config = self.repository / model.name / "pooler_config.json"
-        if tokenizer_file.is_file() and pooler_config.is_file():
-            model.max_length = int(json.loads(pooler_config.read_text())["max_length"])
-            model.tokenizer = TextTokenizer(str(tokenizer_file), model.max_length)
 
     def model(self, name: str | None, task: str | None = None) -> ServedModel:
         if name is None:
@@ -114,7 +121,7 @@ class Triton:
                            "model_not_found")
         return self.models[name]
 
-    async def _infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
+    async def infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
         """Through the async client (its retries on UNAVAILABLE); Triton's error -> its HTTP status."""
         try:
             return await self.client.infer(request)
@@ -123,23 +130,26 @@ class Triton:
             raise APIError(failure.status, failure.message) from None
 
     async def encode(self, model: ServedModel, texts: list[str], parameters: dict[str, Any],
-                     pairs: list[str] | None = None, priority: int = 0) -> np.ndarray | list[np.ndarray]:
-        """Requests of at most MAX_BATCH_SIZE texts, sent concurrently, reassembled in order."""
+                     pairs: list[str] | None = None, priority: int = 0) -> tuple[Any, int]:
+        """Requests of at most MAX_BATCH_SIZE texts, sent concurrently, reassembled in order; with
+        the tokens the model read (after truncation), for usage."""
         if not texts:
             raise APIError(400, "input is empty: send at least one text", "input")
         requests = protocol.encode_requests(model.name, model.outputs, texts, pairs, parameters, priority)
-        return protocol.reassemble(model.outputs, await asyncio.gather(*(self._infer(r) for r in requests)))
+        results = await asyncio.gather(*(self.infer(r) for r in requests))
+        return protocol.reassemble(model.outputs, results), protocol.prompt_tokens(results)
 
     async def score(self, model: ServedModel, queries: list[str], documents: list[str],
-                    parameters: dict[str, Any], priority: int = 0) -> np.ndarray:
+                    parameters: dict[str, Any], priority: int = 0) -> tuple[np.ndarray, int]:
         if model.scorer is None:
             raise APIError(400, f"model {model.name!r} ({model.task}) cannot score: scoring needs a 1-label "
                            "classifier (cross-encoder), an embed model or a token_embed model", "model")
         if not queries or not documents:
             raise APIError(400, "scoring needs at least one query and one document")
-        request = TritonRequest(model.scorer, {QUERY: queries, DOCUMENTS: documents}, (SCORES,),
-                          protocol.parameters(parameters), False, priority)
-        return (await self._infer(request))[SCORES]
+        request = TritonRequest(model.scorer, {QUERY: queries, DOCUMENTS: documents}, (SCORES, PROMPT_TOKENS),
+                                protocol.parameters(parameters), False, priority)
+        result = await self.infer(request)
+        return result[SCORES], protocol.prompt_tokens([result])
 
 
 # ---- request bodies -------------------------------------------------------------------------------
@@ -210,6 +220,7 @@ class TokenizeRequest(BaseModel):
 class DetokenizeRequest(BaseModel):
     model: str | None = None
     tokens: list[int]
+    skip_special_tokens: bool = False  # vLLM keeps them by default
 
 
 # ---- helpers --------------------------------------------------------------------------------------
@@ -230,12 +241,6 @@ def as_token_ids(value: Any) -> list[list[int]] | None:
     return None
 
 
-def count_tokens(model: ServedModel, texts: list[str]) -> int:
-    if model.tokenizer is None:
-        return 0
-    return sum(model.tokenizer.lengths(texts))
-
-
 def matryoshka(model: ServedModel, vectors: np.ndarray, dimensions: int | None, field: str) -> np.ndarray:
     if dimensions is None or dimensions == vectors.shape[1]:
         return vectors
@@ -252,19 +257,23 @@ def usage(tokens: int) -> dict[str, int]:
 
 
 # ---- the app --------------------------------------------------------------------------------------
-def create_app(triton_url: str, repository: Path | None = None, api_key: str | None = None) -> FastAPI:
-    triton = Triton(triton_url, repository)
+def create_app(triton_url: str, api_key: str | None = None, client: Any | None = None) -> FastAPI:
+    """`client`: an AsyncPoolingClient-like object (infer(TritonRequest), server.*); default: a gRPC
+    AsyncPoolingClient to `triton_url`, made when the app starts."""
+    triton = Triton(triton_url, client)
     counters: dict[tuple[str, int], int] = {}
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
-        triton.client = AsyncPoolingClient(triton.url, protocol="grpc")
+        if triton.owns_client:
+            triton.client = AsyncPoolingClient(triton.url, protocol="grpc")
         try:
             await triton.refresh()
         except InferenceServerException:
             pass  # Triton not up yet: /health says so, routes refresh on demand
         yield
-        await triton.client.close()
+        if triton.owns_client:
+            await triton.client.close()
 
     app = FastAPI(title="pooltriton gateway", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-, Cohere- and vLLM-compatible pooling API in front of Triton")
@@ -333,7 +342,7 @@ def create_app(triton_url: str, repository: Path | None = None, api_key: str | N
             parameters["input_format"] = "token_ids"
         else:
             texts = as_texts(body.input)
-        vectors = await triton.encode(model, texts, parameters, priority=triton_priority(body.priority))
+        vectors, tokens = await triton.encode(model, texts, parameters, priority=triton_priority(body.priority))
         if model.per_token:
             raise APIError(400, f"model {model.name!r} is {model.task}: use /pooling for token outputs", "model")
         vectors = matryoshka(model, vectors, body.dimensions, "dimensions")
@@ -342,19 +351,17 @@ def create_app(triton_url: str, repository: Path | None = None, api_key: str | N
             value = (base64.b64encode(vector.astype(np.float32).tobytes()).decode()
                      if body.encoding_format == "base64" else vector.tolist())
             data.append({"object": "embedding", "index": index, "embedding": value})
-        tokens = sum(map(len, token_rows)) if token_rows is not None else count_tokens(model, texts)
         return {"object": "list", "data": data, "model": model.name, "usage": usage(tokens)}
 
     @app.post("/v2/embed")
     async def cohere_embed(body: CohereEmbedRequest):
         model = await served(body.model, "embed")
         parameters = {} if body.truncate == "NONE" else {"truncate": body.truncate}
-        vectors = matryoshka(model, await triton.encode(model, body.texts, parameters), body.output_dimension,
-                             "output_dimension")
+        vectors, tokens = await triton.encode(model, body.texts, parameters)
+        vectors = matryoshka(model, vectors, body.output_dimension, "output_dimension")
         embeddings: dict[str, Any] = {}
         for kind in dict.fromkeys(body.embedding_types):
             embeddings[kind] = cohere_encode(vectors, kind)
-        tokens = count_tokens(model, body.texts)
         return {"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": body.texts,
                 "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}},
                 "response_type": "embeddings_by_type"}
@@ -365,27 +372,29 @@ def create_app(triton_url: str, repository: Path | None = None, api_key: str | N
         if model.task != "classify":
             raise APIError(400, f"model {model.name!r} is {model.task}, not classify", "model")
         texts = as_texts(body.input)
-        probabilities = await triton.encode(model, texts, body.parameters(), priority=triton_priority(body.priority))
+        probabilities, tokens = await triton.encode(model, texts, body.parameters(),
+                                                    priority=triton_priority(body.priority))
         data = [{"index": i, "label": model.labels[int(p.argmax())] if model.labels else int(p.argmax()),
                  "probs": p.tolist(), "num_classes": len(p)} for i, p in enumerate(probabilities)]
         return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-                "model": model.name, "data": data, "usage": usage(count_tokens(model, texts))}
+                "model": model.name, "data": data, "usage": usage(tokens)}
 
     async def score_route(body: ScoreRequest):
         model = await served(body.model)
         queries, documents = as_texts(body.text_1, "text_1"), as_texts(body.text_2, "text_2")
-        scores = await triton.score(model, queries, documents, body.parameters(), triton_priority(body.priority))
+        scores, tokens = await triton.score(model, queries, documents, body.parameters(),
+                                            triton_priority(body.priority))
         return {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                 "model": model.name, "data": [{"index": i, "object": "score", "score": float(s)}
                                               for i, s in enumerate(scores)],
-                "usage": usage(count_tokens(model, queries + documents))}
+                "usage": usage(tokens)}
 
     async def rerank_route(body: RerankRequest):
         model = await served(body.model)
         if not body.documents:
             raise APIError(400, "documents is empty", "documents")
-        scores = await triton.score(model, [body.query], body.documents, body.parameters(),
-                                    triton_priority(body.priority))
+        scores, tokens = await triton.score(model, [body.query], body.documents, body.parameters(),
+                                            triton_priority(body.priority))
         order = np.argsort(-scores, kind="stable")[: body.top_n or len(body.documents)]
         results = []
         for i in order:
@@ -394,7 +403,7 @@ def create_app(triton_url: str, repository: Path | None = None, api_key: str | N
                 item["document"] = {"text": body.documents[i]}
             results.append(item)
         return {"id": f"rerank-{uuid.uuid4().hex}", "model": model.name, "results": results,
-                "usage": {"total_tokens": count_tokens(model, [body.query, *body.documents])}}
+                "usage": usage(tokens)}
 
     for path in ("/score", "/v1/score"):
         app.post(path)(score_route)
@@ -405,31 +414,28 @@ def create_app(triton_url: str, repository: Path | None = None, api_key: str | N
     async def pooling(body: PoolingRequest):
         model = await served(body.model)
         texts = as_texts(body.input)
-        values = await triton.encode(model, texts, body.parameters(), priority=triton_priority(body.priority))
+        values, tokens = await triton.encode(model, texts, body.parameters(), priority=triton_priority(body.priority))
         return {"id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model.name,
                 "data": [{"index": i, "object": "pooling", "data": np.asarray(v).tolist()}
-                         for i, v in enumerate(values)], "usage": usage(count_tokens(model, texts))}
-
-    def tokenizer_of(model: ServedModel) -> TextTokenizer:
-        if model.tokenizer is None:
-            raise APIError(400, f"model {model.name!r}: the gateway was started without --repository, so it "
-                           "cannot tokenize", "model")
-        return model.tokenizer
+                         for i, v in enumerate(values)], "usage": usage(tokens)}
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
+        """The model's own tokenizer stage, untruncated (vLLM's /tokenize)."""
         model = await served(body.model)
-        ids = tokenizer_of(model).ids(body.prompt, add_special_tokens=body.add_special_tokens)
+        result = await triton.infer(TritonRequest(
+            stages(model.name).tokenizer, {TEXT: [body.prompt]}, (INPUT_IDS, ATTENTION_MASK),
+            {"mode": TOKENIZE, "add_special_tokens": body.add_special_tokens}, True))
+        ids = protocol.token_lists(result)[0]
         return {"tokens": ids, "count": len(ids), "max_model_len": model.max_length}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
         model = await served(body.model)
-        tokenizer = tokenizer_of(model)
-        vocab = tokenizer.vocab_size
-        if any(not 0 <= t < vocab for t in body.tokens):
-            raise APIError(400, f"tokens must be ids in [0, {vocab})", "tokens")
-        return {"prompt": tokenizer.decode(body.tokens)}
+        result = await triton.infer(TritonRequest(
+            stages(model.name).tokenizer, {TEXT: [json.dumps(body.tokens)]}, (DETOKENIZED,),
+            {"mode": DETOKENIZE, "skip_special_tokens": body.skip_special_tokens}, True))
+        return {"prompt": result[DETOKENIZED].reshape(-1)[0].decode("utf-8")}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics():
@@ -462,7 +468,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pooltriton-gateway", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--triton", default="localhost:8001", help="Triton gRPC address")
-    parser.add_argument("--repository", default="model_repository", help="for tokenizers and limits")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--api-key", default=os.environ.get("POOLTRITON_API_KEY"),
@@ -473,8 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         document = create_app(args.triton).openapi()
         Path(args.write_openapi).write_text(json.dumps(document, indent=2) + "\n")
         return 0
-    repository = Path(args.repository) if args.repository and Path(args.repository).is_dir() else None
-    uvicorn.run(create_app(args.triton, repository, args.api_key), host=args.host, port=args.port, log_level="info")
+    uvicorn.run(create_app(args.triton, args.api_key), host=args.host, port=args.port, log_level="info")
     return 0
 
 

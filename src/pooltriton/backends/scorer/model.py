@@ -16,6 +16,7 @@ from pooltriton.contract import (
     CROSS_ENCODER,
     DOCUMENTS,
     LATE_INTERACTION,
+    PROMPT_TOKENS,
     QUERY,
     SCORES,
     TEXT,
@@ -34,21 +35,23 @@ class TritonPythonModel:
         self.output: str = model.parameter("output")
 
     def _call(self, parameters: dict, **inputs: list[str]) -> dict[str, np.ndarray]:
-        outputs = [self.output] + ([TOKEN_COUNTS] if self.mode == LATE_INTERACTION else [])
+        outputs = [self.output, PROMPT_TOKENS] + ([TOKEN_COUNTS] if self.mode == LATE_INTERACTION else [])
         return call_model(self.target, inputs, outputs, parameters)
 
-    def score(self, queries: list[str], documents: list[str], parameters: dict) -> np.ndarray:
+    def score(self, queries: list[str], documents: list[str], parameters: dict) -> tuple[np.ndarray, int]:
+        """Scores, and the tokens the model read for them (usage)."""
         owner = pair_up(len(queries), len(documents))
         if self.mode == CROSS_ENCODER:
-            probabilities = self._call(parameters, **{TEXT: [queries[i] for i in owner], TEXT_PAIR: documents})
-            return probabilities[self.output][:, 0].astype(np.float32)
+            result = self._call(parameters, **{TEXT: [queries[i] for i in owner], TEXT_PAIR: documents})
+            return result[self.output][:, 0].astype(np.float32), int(result[PROMPT_TOKENS].sum())
         result = self._call(parameters, **{TEXT: queries + documents})
+        read = int(result[PROMPT_TOKENS].sum())
         if self.mode == BI_ENCODER:
             vectors = result[self.output]
-            return cosine(vectors[: len(queries)][owner], vectors[len(queries) :])
+            return cosine(vectors[: len(queries)][owner], vectors[len(queries) :]), read
         tokens = split_tokens(result[self.output], result[TOKEN_COUNTS])
         query_tokens, document_tokens = tokens[: len(queries)], tokens[len(queries) :]
-        return np.array([maxsim(query_tokens[q], d) for q, d in zip(owner, document_tokens)], dtype=np.float32)
+        return np.array([maxsim(query_tokens[q], d) for q, d in zip(owner, document_tokens)], dtype=np.float32), read
 
     def execute(self, requests: list) -> list:
         responses = []
@@ -58,8 +61,9 @@ class TritonPythonModel:
                 documents = decode_texts(input_array(request, DOCUMENTS))
                 if not queries or not documents:
                     raise InputError(f"{QUERY} and {DOCUMENTS} each need at least one text")
-                scores = self.score(queries, documents, request_parameters(request))
-                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(SCORES, scores)]))
+                scores, read = self.score(queries, documents, request_parameters(request))
+                responses.append(pb_utils.InferenceResponse([
+                    pb_utils.Tensor(SCORES, scores), pb_utils.Tensor(PROMPT_TOKENS, np.array([read], dtype=np.int64))]))
             except (InputError, ValueError) as error:
                 responses.append(error_response(str(error)))
         return responses

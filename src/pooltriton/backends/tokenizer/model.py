@@ -1,8 +1,11 @@
-"""Tokenizer stage: TEXT (BYTES [n, 1]) and optional TEXT_PAIR -> input_ids, attention_mask, token_type_ids.
+"""Tokenizer stage: TEXT (BYTES [n, 1]) and optional TEXT_PAIR -> input_ids, attention_mask, token_type_ids
+and PROMPT_TOKENS (tokens per text after truncation, for usage).
 
 Each request is padded to its own longest text (or to a bucket length); the encoder batches the
 ragged results. Per-request parameters: "truncate": NONE (default: reject over-length), END, START;
-"max_tokens": a lower limit than the model's (vLLM's truncate_prompt_tokens).
+"max_tokens": a lower limit than the model's (vLLM's truncate_prompt_tokens). Called on its own,
+"mode" "tokenize" (with "add_special_tokens") returns a text's ids untruncated, and "detokenize"
+(TEXT items are JSON lists of ids, optional "skip_special_tokens") returns DETOKENIZED texts.
 """
 
 from __future__ import annotations
@@ -13,9 +16,20 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from pooltriton.backends.common import Counters, ModelArgs, error_response, input_array, request_parameters
-from pooltriton.contract import ATTENTION_MASK, INPUT_IDS, TEXT, TEXT_PAIR, TOKEN_TYPE_IDS
+from pooltriton.contract import (
+    ATTENTION_MASK,
+    DETOKENIZE,
+    DETOKENIZED,
+    INPUT_IDS,
+    PROMPT_TOKENS,
+    TEXT,
+    TEXT_PAIR,
+    TOKEN_TYPE_IDS,
+    TOKENIZE,
+)
+from pooltriton.contract.requests import text_array
 from pooltriton.core.semantics import Truncation
-from pooltriton.core.tokenization import InputError, TextTokenizer, decode_texts
+from pooltriton.core.tokenization import InputError, TextTokenizer, TokenIds, decode_texts
 
 
 class TritonPythonModel:
@@ -38,6 +52,15 @@ class TritonPythonModel:
             try:
                 parameters = request_parameters(request)
                 texts = decode_texts(input_array(request, TEXT))
+                mode = parameters.get("mode")
+                if mode == DETOKENIZE:
+                    parsed.append(self._detokenize(texts, parameters))
+                    continue
+                if mode == TOKENIZE:
+                    special = parameters.get("add_special_tokens", True)
+                    parsed.append(([TokenIds(ids, [0] * len(ids)) for ids in
+                                    (self.tokenizer.ids(t, add_special_tokens=bool(special)) for t in texts)], 0))
+                    continue
                 truncation = Truncation.parse(parameters.get("truncate"))
                 limit = self.tokenizer.limit(parameters.get("max_tokens"))
                 if parameters.get("input_format") == "token_ids":
@@ -52,6 +75,9 @@ class TritonPythonModel:
         responses = []
         for item in parsed:
             result = next(encoded) if isinstance(item, list) else item
+            if isinstance(result, pb_utils.InferenceResponse):
+                responses.append(result)
+                continue
             if isinstance(result, InputError):
                 responses.append(error_response(str(result)))
                 continue
@@ -61,9 +87,18 @@ class TritonPythonModel:
         return responses
 
     def _response(self, encodings: list) -> object:
-        ids, mask, types, _lengths = self.tokenizer.pad(encodings, self.buckets)
-        arrays = {INPUT_IDS: ids, ATTENTION_MASK: mask, TOKEN_TYPE_IDS: types}
-        return pb_utils.InferenceResponse([pb_utils.Tensor(n, np.ascontiguousarray(arrays[n])) for n in self.outputs])
+        ids, mask, types, lengths = self.tokenizer.pad(encodings, self.buckets)
+        arrays = {INPUT_IDS: ids, ATTENTION_MASK: mask, TOKEN_TYPE_IDS: types, PROMPT_TOKENS: lengths.reshape(-1, 1)}
+        return pb_utils.InferenceResponse([pb_utils.Tensor(n, np.ascontiguousarray(arrays[n]))
+                                           for n in (*self.outputs, PROMPT_TOKENS)])
+
+    def _detokenize(self, texts: list[str], parameters: dict) -> object:
+        rows = _id_rows(texts)
+        for ids in rows:
+            self.tokenizer.check_ids(ids)
+        skip = bool(parameters.get("skip_special_tokens", False))
+        decoded = [self.tokenizer.decode(ids, skip_special_tokens=skip) for ids in rows]
+        return pb_utils.InferenceResponse([pb_utils.Tensor(DETOKENIZED, text_array(decoded, batched=True))])
 
 
 def _id_rows(texts: list[str]) -> list[list[int]]:

@@ -1,0 +1,166 @@
+"""The gateway's routes against a fake Triton client (no server): what each route sends through the one
+request layer, and how answers, usage and errors come back. The live-server tests are test_gateway.py."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from tritonclient.utils import InferenceServerException
+
+from pooltriton.contract import (
+    ATTENTION_MASK,
+    DETOKENIZED,
+    DOCUMENTS,
+    INPUT_IDS,
+    MAX_BATCH_SIZE,
+    PROMPT_TOKENS,
+    QUERY,
+    SCORES,
+    TEXT,
+    stages,
+)
+from pooltriton.contract.requests import TritonRequest, text_array
+from pooltriton.gateway import create_app
+
+WIDTH = 4
+
+
+def _config(name: str, task: str, outputs: list[str], **parameters) -> dict:
+    values = {"task": task, "max_length": "16", **{k: json.dumps(v) for k, v in parameters.items()}}
+    return {"name": name, "platform": "ensemble", "output": [{"name": o} for o in outputs],
+            "parameters": {k: {"string_value": v} for k, v in values.items()}}
+
+
+class FakeServer:
+    """tritonclient's metadata calls, as a served repository would answer them."""
+
+    def __init__(self) -> None:
+        self.configs = {
+            "emb": _config("emb", "embed", ["EMBEDDING", PROMPT_TOKENS], matryoshka_dimensions=[2]),
+            "cls": _config("cls", "classify", ["PROBABILITIES", PROMPT_TOKENS], labels=["no", "yes"]),
+            "emb_score": {"name": "emb_score", "backend": "scorer", "output": [{"name": SCORES}]},
+            "emb_tokenizer": {"name": "emb_tokenizer", "backend": "tokenizer", "output": []},
+        }
+
+    async def get_model_repository_index(self, as_json: bool = True) -> dict:
+        return {"models": [{"name": name, "state": "READY"} for name in self.configs]}
+
+    async def get_model_config(self, name: str, as_json: bool = True) -> dict:
+        return {"config": self.configs[name]}
+
+    async def is_server_ready(self) -> bool:
+        return True
+
+
+def _words(text: str) -> int:
+    return len(text.split()) + 2  # like [CLS] ... [SEP]
+
+
+class FakeClient:
+    """Answers like the served models (an embedding is a function of its text), records every request."""
+
+    def __init__(self) -> None:
+        self.server = FakeServer()
+        self.requests: list[TritonRequest] = []
+
+    async def infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
+        self.requests.append(request)
+        texts = request.inputs.get(TEXT, [])
+        if any(t == "bad" for t in texts):
+            raise InferenceServerException("text 0 is bad", status="StatusCode.INVALID_ARGUMENT")
+        if any(t == "busy" for t in texts):
+            raise InferenceServerException("queue full", status="StatusCode.UNAVAILABLE")
+        if request.model in ("emb", "cls"):
+            width = WIDTH if request.model == "emb" else 2
+            values = np.array([[len(t) + i for i in range(width)] for t in texts], dtype=np.float32)
+            return {request.outputs[0]: values, PROMPT_TOKENS: np.array([[_words(t)] for t in texts])}
+        if request.model == "emb_score":
+            query, documents = request.inputs[QUERY], request.inputs[DOCUMENTS]
+            scores = np.array([1.0 / (1 + len(d)) for d in documents], dtype=np.float32)
+            return {SCORES: scores, PROMPT_TOKENS: np.array([sum(map(_words, query + documents))])}
+        if request.model == "emb_tokenizer" and request.parameters.get("mode") == "detokenize":
+            ids = json.loads(texts[0])
+            return {DETOKENIZED: text_array([" ".join(f"t{i}" for i in ids)], batched=True)}
+        if request.model == "emb_tokenizer":
+            ids = np.array([[101, 7, 8, 102, 0]]) if request.parameters.get("add_special_tokens") else \
+                np.array([[7, 8, 0, 0, 0]])
+            return {INPUT_IDS: ids, ATTENTION_MASK: (ids != 0).astype(np.int64)}
+        raise InferenceServerException(f"unknown model {request.model}", status="StatusCode.NOT_FOUND")
+
+
+@pytest.fixture
+def fake() -> FakeClient:
+    return FakeClient()
+
+
+@pytest.fixture
+def http(fake: FakeClient):
+    with TestClient(create_app("unused:0", client=fake)) as client:
+        yield client
+
+
+def test_embeddings_are_chunked_reassembled_in_order_with_served_usage(http, fake) -> None:
+    texts = [f"text number {i}" for i in range(300)]
+    body = http.post("/v1/embeddings", json={"model": "emb", "input": texts}).json()
+    assert [len(r.inputs[TEXT]) for r in fake.requests] == [MAX_BATCH_SIZE, MAX_BATCH_SIZE, 300 - 2 * MAX_BATCH_SIZE]
+    assert [d["embedding"][0] for d in body["data"]] == [float(len(t)) for t in texts]
+    assert body["usage"] == {"prompt_tokens": sum(map(_words, texts)), "total_tokens": sum(map(_words, texts))}
+    assert all(r.batched and r.model == "emb" for r in fake.requests)
+
+
+@pytest.mark.parametrize(("priority", "level"), [(-5, 1), (0, 0), (7, 3)])
+def test_priority_and_truncation_reach_triton(http, fake, priority: int, level: int) -> None:
+    http.post("/v1/embeddings", json={"model": "emb", "input": "x", "priority": priority, "truncate_prompt_tokens": 5})
+    request = fake.requests[-1]
+    assert request.priority == level and request.parameters == {"truncate": "START", "max_tokens": 5}
+
+
+def test_errors_are_classified_by_status_code(http) -> None:
+    bad = http.post("/v1/embeddings", json={"model": "emb", "input": ["ok", "bad"]})
+    assert bad.status_code == 400 and bad.json()["error"]["message"] == "text 0 is bad"
+    busy = http.post("/v1/embeddings", json={"model": "emb", "input": "busy"})
+    assert busy.status_code == 503 and busy.json()["error"]["type"] == "service_unavailable"
+    assert http.post("/v1/embeddings", json={"model": "nope", "input": "x"}).status_code == 404
+
+
+def test_matryoshka_cohere_and_classify(http) -> None:
+    cut = http.post("/v1/embeddings", json={"model": "emb", "input": "ab", "dimensions": 2}).json()
+    assert np.isclose(np.linalg.norm(cut["data"][0]["embedding"]), 1.0)
+    cohere = http.post("/v2/embed", json={"model": "emb", "texts": ["a b", "c"]}).json()
+    assert cohere["meta"]["billed_units"]["input_tokens"] == _words("a b") + _words("c")
+    classified = http.post("/classify", json={"model": "cls", "input": ["abc"]}).json()
+    assert classified["data"][0]["label"] == "yes" and classified["usage"]["prompt_tokens"] == _words("abc")
+
+
+def test_rerank_and_score_carry_documents_and_usage(http, fake) -> None:
+    documents = ["a long document", "short", "mid doc"]
+    body = http.post("/rerank", json={"model": "emb", "query": "q", "documents": documents}).json()
+    assert [r["document"]["text"] for r in body["results"]] == ["short", "mid doc", "a long document"]
+    assert body["usage"]["prompt_tokens"] == sum(map(_words, ["q", *documents]))
+    assert fake.requests[-1].model == stages("emb").score and not fake.requests[-1].batched
+    bare = http.post("/v2/rerank", json={"model": "emb", "query": "q", "documents": documents, "top_n": 1,
+                                         "return_documents": False}).json()
+    assert len(bare["results"]) == 1 and "document" not in bare["results"][0]
+    scored = http.post("/score", json={"model": "emb", "text_1": "q", "text_2": documents}).json()
+    assert len(scored["data"]) == 3 and scored["usage"]["prompt_tokens"] > 0
+    assert http.post("/score", json={"model": "cls", "text_1": "q", "text_2": "d"}).status_code == 400
+
+
+def test_tokenize_and_detokenize_go_to_the_tokenizer_stage(http, fake) -> None:
+    tokens = http.post("/tokenize", json={"model": "emb", "prompt": "hello world"}).json()
+    assert tokens == {"tokens": [101, 7, 8, 102], "count": 4, "max_model_len": 16}
+    request = fake.requests[-1]
+    assert request.model == stages("emb").tokenizer and request.parameters["mode"] == "tokenize"
+    plain = http.post("/tokenize", json={"model": "emb", "prompt": "hello world", "add_special_tokens": False})
+    assert plain.json()["tokens"] == [7, 8]
+    text = http.post("/detokenize", json={"model": "emb", "tokens": [7, 8]}).json()
+    assert text == {"prompt": "t7 t8"} and fake.requests[-1].parameters == {"mode": "detokenize",
+                                                                            "skip_special_tokens": False}
+
+
+def test_models_list_reads_only_what_triton_says(http) -> None:
+    models = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
+    assert set(models) == {"emb", "cls"} and models["emb"]["max_model_len"] == 16 and models["emb"]["scoring"]
