@@ -13,6 +13,7 @@ Big inputs are split into requests of at most `max_batch` texts and reassembled 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import Sequence
@@ -33,7 +34,7 @@ from pooltriton.contract import (
     triton_priority,
 )
 from pooltriton.contract import requests as protocol
-from pooltriton.contract.requests import RETRIES, TritonRequest, as_texts, backoff_s, classify, score_inputs
+from pooltriton.contract.requests import ModelInfo, TritonRequest, as_texts, model_info, retry_delay, score_inputs
 
 DEFAULT_URLS = {"http": "localhost:8000", "grpc": "localhost:8001"}
 
@@ -66,20 +67,6 @@ class RerankResult:
     index: int
     score: float
     document: str
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    name: str
-    task: str
-    outputs: tuple[str, ...]
-    labels: tuple[str, ...]
-
-
-def _config_info(model: str, config: dict) -> ModelInfo:
-    parameters = {k: v["string_value"] for k, v in (config.get("parameters") or {}).items()}
-    return ModelInfo(name=model, task=parameters.get("task", ""), outputs=tuple(o["name"] for o in config["output"]),
-                     labels=tuple(json.loads(parameters.get("labels", "[]"))))
 
 
 class _Requests:
@@ -166,15 +153,15 @@ class PoolingClient(_Requests):
 
     def infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
         tensors, requested = self._send(request)
-        for attempt in range(RETRIES):
+        for attempt in itertools.count():
             try:
                 result = self._client.infer(request.model, tensors, outputs=requested,
                                             parameters=request.parameters or None, priority=request.priority)
                 return {name: result.as_numpy(name) for name in request.outputs}
             except Exception as error:
-                if attempt == RETRIES - 1 or not classify(error).retryable:
+                if (delay := retry_delay(attempt, error)) is None:
                     raise
-                time.sleep(backoff_s(attempt))
+                time.sleep(delay)
         raise AssertionError("unreachable")
 
     def info(self, model: str | None = None) -> ModelInfo:
@@ -182,7 +169,7 @@ class PoolingClient(_Requests):
         model = model or self.model
         if model not in self._info:
             kwargs = {"as_json": True} if self.protocol == "grpc" else {}
-            self._info[model] = _config_info(model, self._config_from(self._client.get_model_config(model, **kwargs)))
+            self._info[model] = model_info(model, self._config_from(self._client.get_model_config(model, **kwargs)))
         return self._info[model]
 
     def encode(self, texts: str | Sequence[str], *, model: str | None = None, task: str | None = None,
@@ -250,15 +237,15 @@ class AsyncPoolingClient(_Requests):
 
     async def infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
         tensors, requested = self._send(request)
-        for attempt in range(RETRIES):
+        for attempt in itertools.count():
             try:
                 result = await self._client.infer(request.model, tensors, outputs=requested,
                                                   parameters=request.parameters or None, priority=request.priority)
                 return {name: result.as_numpy(name) for name in request.outputs}
             except Exception as error:
-                if attempt == RETRIES - 1 or not classify(error).retryable:
+                if (delay := retry_delay(attempt, error)) is None:
                     raise
-                await asyncio.sleep(backoff_s(attempt))
+                await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
     async def info(self, model: str | None = None) -> ModelInfo:
@@ -266,7 +253,7 @@ class AsyncPoolingClient(_Requests):
         if model not in self._info:
             kwargs = {"as_json": True} if self.protocol == "grpc" else {}
             config = self._config_from(await self._client.get_model_config(model, **kwargs))
-            self._info[model] = _config_info(model, config)
+            self._info[model] = model_info(model, config)
         return self._info[model]
 
     async def encode(self, texts: str | Sequence[str], *, model: str | None = None, task: str | None = None,

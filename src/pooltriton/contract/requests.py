@@ -53,6 +53,35 @@ class TritonRequest:
         return {name: text_array(texts, self.batched) for name, texts in self.inputs.items()}
 
 
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a served ensemble's config says: its task, outputs, label names and limits."""
+
+    name: str
+    task: str
+    outputs: tuple[str, ...]
+    labels: tuple[str, ...]
+    max_length: int | None = None
+    dimensions: tuple[int, ...] = ()  # Matryoshka sizes the model declares; empty: none
+
+    @property
+    def per_token(self) -> bool:
+        return TOKEN_COUNTS in self.outputs
+
+
+def config_parameters(config: dict) -> dict[str, str]:
+    """A model config's parameters (KServe JSON form: {"key": {"string_value": ...}})."""
+    return {k: v["string_value"] for k, v in (config.get("parameters") or {}).items()}
+
+
+def model_info(name: str, config: dict) -> ModelInfo:
+    parameters = config_parameters(config)
+    return ModelInfo(name=name, task=parameters.get("task", ""), outputs=tuple(o["name"] for o in config["output"]),
+                     labels=tuple(json.loads(parameters.get("labels", "[]"))),
+                     max_length=int(parameters["max_length"]) if "max_length" in parameters else None,
+                     dimensions=tuple(json.loads(parameters.get("matryoshka_dimensions", "[]"))))
+
+
 def text_array(texts: Sequence[str | bytes], batched: bool) -> np.ndarray:
     data = np.array([t.encode("utf-8") if isinstance(t, str) else t for t in texts], dtype=object)
     return data.reshape(-1, 1) if batched else data
@@ -130,5 +159,9 @@ def classify(error: Exception) -> Failure:
     return Failure(status, text or str(error))
 
 
-def backoff_s(attempt: int) -> float:
+def retry_delay(attempt: int, error: Exception) -> float | None:
+    """Seconds to wait before retrying a failed attempt (0-based), or None: give up and raise.
+    Only UNAVAILABLE (server starting, overloaded) is retried, with exponential backoff."""
+    if attempt >= RETRIES - 1 or not classify(error).retryable:
+        return None
     return BACKOFF_S * 2**attempt

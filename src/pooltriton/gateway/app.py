@@ -43,13 +43,12 @@ from pooltriton.contract import (
     QUERY,
     SCORES,
     TEXT,
-    TOKEN_COUNTS,
     TOKENIZE,
     stages,
     triton_priority,
 )
 from pooltriton.contract import requests as protocol
-from pooltriton.contract.requests import TritonRequest, classify
+from pooltriton.contract.requests import ModelInfo, TritonRequest, classify, config_parameters, model_info
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -67,19 +66,9 @@ def error_body(status: int, message: str, kind: str, param: str | None = None) -
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
-@dataclass
-class ServedModel:
-    name: str
-    task: str
-    outputs: tuple[str, ...]
-    labels: tuple[str, ...]
-    scorer: str | None
-    max_length: int | None
-    dimensions: tuple[int, ...]  # Matryoshka sizes the model declares; empty: none
-
-    @property
-    def per_token(self) -> bool:
-        return TOKEN_COUNTS in self.outputs
+@dataclass(frozen=True)
+class ServedModel(ModelInfo):
+    scorer: str | None = None  # <name>_score where the model can score
 
 
 class Triton:
@@ -98,16 +87,10 @@ class Triton:
         models = {}
         for name in sorted(names):
             config = (await self.client.server.get_model_config(name, as_json=True))["config"]
-            parameters = {k: v["string_value"] for k, v in (config.get("parameters") or {}).items()}
-            if config.get("platform") != "ensemble" or "task" not in parameters:
+            if config.get("platform") != "ensemble" or "task" not in config_parameters(config):
                 continue
-            models[name] = ServedModel(
-                name=name, task=parameters["task"], outputs=tuple(o["name"] for o in config["output"]),
-                labels=tuple(json.loads(parameters.get("labels", "[]"))),
-                scorer=stages(name).score if stages(name).score in names else None,
-                max_length=int(parameters["max_length"]) if "max_length" in parameters else None,
-                dimensions=tuple(json.loads(parameters.get("matryoshka_dimensions", "[]"))),
-            )
+            score = stages(name).score
+            models[name] = ServedModel(**vars(model_info(name, config)), scorer=score if score in names else None)
         self.models = models
 
     def model(self, name: str | None, task: str | None = None) -> ServedModel:
