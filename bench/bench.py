@@ -26,6 +26,7 @@ import numpy as np
 
 from pooltriton.client.triton import AsyncPoolingClient
 from pooltriton.contract import TEXT, stages
+from pooltriton.contract.config import parse_config
 from pooltriton.contract.requests import TritonRequest
 from pooltriton.core.capabilities import detect
 from pooltriton.export.defaults import exported_defaults
@@ -76,13 +77,14 @@ class Baseline:
 
             from pooltriton.export.verify import torchscript_runner
 
-            config = (encoder / "config.pbtxt").read_text()
-            self.device = "cuda" if "KIND_GPU" in config else "cpu"
+            config = parse_config(encoder / "config.pbtxt")
+            gpu = any(group.kind == group.KIND_GPU for group in config.instance_group)
+            self.device = "cuda" if gpu else "cpu"
             torch.set_num_threads(threads)
             # The export's own runner; its .cpu() waits for the GPU, so timings are complete.
             run = torchscript_runner(encoder / "1" / "model.pt", "", self.device).run
-            # Feeds go in the order of the config's inputs (the INT64 tensors).
-            self.inputs = [line.split('"')[1] for line in config.splitlines() if "TYPE_INT64" in line]
+            # Feeds go in the order of the config's inputs.
+            self.inputs = [tensor.name for tensor in config.input]
         else:
             import onnxruntime as ort
 

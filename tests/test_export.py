@@ -137,3 +137,15 @@ def test_a_broken_export_fails_with_one_paragraph(large_logit_classifier: Path, 
     assert main(["export", str(large_logit_classifier), "--name", "pii", "--out", str(tmp_path),
                  "--runtime", "openvino", "--tolerance", "0.01"]) == 0
     assert json.loads((tmp_path / "pii_encoder" / "verification.json").read_text())["tolerance"] == 0.01
+
+
+def test_every_generated_config_is_valid_triton_configuration() -> None:
+    """Parsed with protobuf's text format into Triton's own ModelConfig message."""
+    from pooltriton.contract.config import parse_config
+
+    configs = sorted(REPOSITORY.glob("*/config.pbtxt"))
+    assert len(configs) >= 10
+    for path in configs:
+        config = parse_config(path)
+        assert config.name == path.parent.name
+        assert config.backend or config.platform == "ensemble", path

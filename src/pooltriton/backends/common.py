@@ -24,15 +24,20 @@ class ModelArgs:
         gpu = args.get("model_instance_kind") == "GPU"
         self.device = f"cuda:{args.get('model_instance_device_id', 0)}" if gpu else "cpu"
 
-    def parameter(self, key: str, default: Any = None) -> Any:
-        """Parameters are strings in config.pbtxt; JSON-decode the ones that hold JSON."""
-        if key not in self.parameters:
-            return default
-        text = self.parameters[key]
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            return text
+    # config.pbtxt parameters are strings; each key is read as the type the export wrote it in, so a
+    # value never changes type with its content (a label "1" stays a string).
+    def text(self, key: str, default: str | None = None) -> str | None:
+        return self.parameters.get(key, default)
+
+    def integer(self, key: str, default: int | None = None) -> int | None:
+        return int(self.parameters[key]) if key in self.parameters else default
+
+    def flag(self, key: str, default: bool) -> bool:
+        return json.loads(self.parameters[key]) is True if key in self.parameters else default
+
+    def json(self, key: str, default: Any = None) -> Any:
+        """Lists and objects (written as JSON by the export)."""
+        return json.loads(self.parameters[key]) if key in self.parameters else default
 
 
 def request_parameters(request: Any) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import triton_python_backend_utils as pb_utils
 
 from pooltriton.backends.common import Counters, ModelArgs, input_array
 from pooltriton.backends.ragged import TOKEN_BUDGET, RaggedStats, run_ragged
+from pooltriton.contract import INPUT_IDS
 
 
 class EncoderShim:
@@ -39,10 +40,10 @@ class EncoderShim:
         self.output_names = [tensor["name"] for tensor in model.config["output"]]
         # Outputs with a sequence axis ([L, ...] after the batch axis) are cut back per request.
         self.per_token = {t["name"] for t in model.config["output"] if len(t["dims"]) >= 2}
-        self.pad_values = {"input_ids": int(model.parameter("pad_token_id", 0))}
+        self.pad_values = {INPUT_IDS: model.integer("pad_token_id", 0)}
         self.stats = RaggedStats()
-        self.token_budget = int(model.parameter("ragged_token_budget", TOKEN_BUDGET))
-        self.max_width = int(model.parameter("max_length", 0))
+        self.token_budget = model.integer("ragged_token_budget", TOKEN_BUDGET)
+        self.max_width = model.integer("max_length", 0)
         self.counters = Counters(model.name, ("pooltriton_tokens_total", "pooltriton_padding_tokens_total"))
         self.load(model.version_dir / filename, model)
 

@@ -132,3 +132,12 @@ def _ensemble(steps: list[EnsembleStep]) -> str:
 def read_parameters(model_config: dict[str, Any]) -> dict[str, str]:
     """Flatten Triton's parsed `parameters` (as the Python backend sees them) to key -> string."""
     return {k: v["string_value"] for k, v in (model_config.get("parameters") or {}).items()}
+
+
+def parse_config(path: Path) -> Any:
+    """A config.pbtxt parsed into Triton's own ModelConfig message (tritonclient ships its protobuf):
+    the way to read a config back, and proof that what we write is valid Triton configuration."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    return text_format.Parse(Path(path).read_text(), model_config_pb2.ModelConfig())

@@ -26,6 +26,7 @@ from pooltriton.contract import (
     TEXT_PAIR,
     TOKEN_COUNTS,
 )
+from pooltriton.contract.config import read_parameters
 from pooltriton.core.scoring import split_tokens
 
 RETRIES = 4  # attempts on UNAVAILABLE (server starting, overloaded), with exponential backoff
@@ -69,13 +70,8 @@ class ModelInfo:
         return TOKEN_COUNTS in self.outputs
 
 
-def config_parameters(config: dict) -> dict[str, str]:
-    """A model config's parameters (KServe JSON form: {"key": {"string_value": ...}})."""
-    return {k: v["string_value"] for k, v in (config.get("parameters") or {}).items()}
-
-
 def model_info(name: str, config: dict) -> ModelInfo:
-    parameters = config_parameters(config)
+    parameters = read_parameters(config)
     return ModelInfo(name=name, task=parameters.get("task", ""), outputs=tuple(o["name"] for o in config["output"]),
                      labels=tuple(json.loads(parameters.get("labels", "[]"))),
                      max_length=int(parameters["max_length"]) if "max_length" in parameters else None,

@@ -48,7 +48,8 @@ from pooltriton.contract import (
     triton_priority,
 )
 from pooltriton.contract import requests as protocol
-from pooltriton.contract.requests import ModelInfo, TritonRequest, classify, config_parameters, model_info
+from pooltriton.contract.config import read_parameters
+from pooltriton.contract.requests import ModelInfo, TritonRequest, classify, model_info
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -87,7 +88,7 @@ class Triton:
         models = {}
         for name in sorted(names):
             config = (await self.client.server.get_model_config(name, as_json=True))["config"]
-            if config.get("platform") != "ensemble" or "task" not in config_parameters(config):
+            if config.get("platform") != "ensemble" or "task" not in read_parameters(config):
                 continue
             score = stages(name).score
             models[name] = ServedModel(**vars(model_info(name, config)), scorer=score if score in names else None)

@@ -16,7 +16,7 @@ class TritonPythonModel(EncoderShim):
 
     def load(self, path: Path, model: ModelArgs) -> None:
         options = ort.SessionOptions()
-        options.intra_op_num_threads = int(model.parameter("intra_op_thread_count", 0))
+        options.intra_op_num_threads = model.integer("intra_op_thread_count", 0)
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

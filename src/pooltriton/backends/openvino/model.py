@@ -26,7 +26,7 @@ class TritonPythonModel(EncoderShim):
     single_row_multiple = 8  # OpenVINO compiles kernels per input shape
 
     def load(self, path: Path, model: ModelArgs) -> None:
-        core, properties = ov.Core(), openvino_properties(model.parameter)
+        core, properties = ov.Core(), openvino_properties(model.text)
         streams = int(properties["NUM_STREAMS"])
         latency = core.compile_model(str(path), "CPU", {**properties, "NUM_STREAMS": "1",
                                                           "PERFORMANCE_HINT": "LATENCY"})

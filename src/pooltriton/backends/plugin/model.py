@@ -17,9 +17,9 @@ from pooltriton.core.tokenization import InputError, decode_texts
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         model = ModelArgs(args)
-        self.plugin = get_plugin(model.parameter("plugin"), model.parameter("module"))
-        self.target: str = model.parameter("model")
-        self.outputs: list[str] = model.parameter("outputs")
+        self.plugin = get_plugin(model.text("plugin"), model.text("module"))
+        self.target: str = model.text("model")
+        self.outputs: list[str] = model.json("outputs")
 
     def _call(self, texts: list[str], parameters: dict) -> dict[str, np.ndarray]:
         # The wrapped model sees only the parameters it understands.

@@ -30,10 +30,10 @@ def real_token_rows(values: np.ndarray, mask: np.ndarray, ids: np.ndarray | None
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         model = ModelArgs(args)
-        self.task = Task(model.parameter("task", "embed"))
-        self.activation = Activation(model.parameter("activation"))
-        self.use_activation = bool(model.parameter("use_activation", True))
-        self.step_tag_id = model.parameter("step_tag_id")
+        self.task = Task(model.text("task"))
+        self.activation = Activation(model.text("activation"))
+        self.use_activation = model.flag("use_activation", True)
+        self.step_tag_id = model.integer("step_tag_id")
         self.output = OUTPUT_NAMES[self.task]
 
     def execute(self, requests: list) -> list:

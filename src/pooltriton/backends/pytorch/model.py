@@ -22,7 +22,7 @@ class TritonPythonModel(EncoderShim):
     default_filename = "model.pt"
 
     def load(self, path: Path, model: ModelArgs) -> None:
-        threads = int(model.parameter("intra_op_thread_count", 0))
+        threads = model.integer("intra_op_thread_count", 0)
         if threads:
             torch.set_num_threads(threads)
         self.device = torch.device(model.device)

@@ -30,9 +30,9 @@ from pooltriton.core.tokenization import InputError, decode_texts
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         model = ModelArgs(args)
-        self.mode: str = model.parameter("mode")
-        self.target: str = model.parameter("model")
-        self.output: str = model.parameter("output")
+        self.mode: str = model.text("mode")
+        self.target: str = model.text("model")
+        self.output: str = model.text("output")
 
     def _call(self, parameters: dict, **inputs: list[str]) -> dict[str, np.ndarray]:
         outputs = [self.output, PROMPT_TOKENS] + ([TOKEN_COUNTS] if self.mode == LATE_INTERACTION else [])

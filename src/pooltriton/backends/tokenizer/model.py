@@ -36,12 +36,12 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         model = ModelArgs(args)
         self.tokenizer = TextTokenizer(
-            str(model.version_dir / model.parameter("tokenizer_file", "tokenizer.json")),
-            max_length=int(model.parameter("max_length")),
-            pad_token_id=model.parameter("pad_token_id"),
+            str(model.version_dir / model.text("tokenizer_file", "tokenizer.json")),
+            max_length=model.integer("max_length"),
+            pad_token_id=model.integer("pad_token_id"),
         )
-        self.outputs: list[str] = model.parameter("outputs", [INPUT_IDS, ATTENTION_MASK])
-        self.buckets: list[int] | None = model.parameter("pad_to_buckets")
+        self.outputs: list[str] = model.json("outputs", [INPUT_IDS, ATTENTION_MASK])
+        self.buckets: list[int] | None = model.json("pad_to_buckets")
         self.counters = Counters(model.name, ("pooltriton_truncations_total",))
 
     def execute(self, requests: list) -> list:
