@@ -50,6 +50,9 @@ class EncoderShim:
     def _run_chunks(self, chunks: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         return [dict(zip(self.output_names, outputs)) for outputs in self.run_chunks(chunks)]
 
+    def finalize(self) -> None:
+        self.counters.close()
+
     def execute(self, requests: list) -> list:
         batch = [{name: input_array(request, name) for name in self.input_names} for request in requests]
         real, computed = self.stats.real_tokens, self.stats.computed_tokens

@@ -44,6 +44,9 @@ class TritonPythonModel:
         self.buckets: list[int] | None = model.json("pad_to_buckets")
         self.counters = Counters(model.name, ("pooltriton_truncations_total",))
 
+    def finalize(self) -> None:
+        self.counters.close()
+
     def execute(self, requests: list) -> list:
         # Per request: an InputError, finished encodings (token-id input), or texts to encode; all text
         # requests then share one encode_batch call.
