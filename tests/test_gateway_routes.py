@@ -164,3 +164,20 @@ def test_tokenize_and_detokenize_go_to_the_tokenizer_stage(http, fake) -> None:
 def test_models_list_reads_only_what_triton_says(http) -> None:
     models = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
     assert set(models) == {"emb", "cls"} and models["emb"]["max_model_len"] == 16 and models["emb"]["scoring"]
+
+
+@pytest.mark.parametrize("name", ["../emb", "emb/../../x", "a b"])
+def test_model_names_are_validated(http, name: str) -> None:
+    response = http.post("/v1/embeddings", json={"model": name, "input": "x"})
+    assert response.status_code == 400 and "invalid model name" in response.json()["error"]["message"]
+
+
+def test_api_key(fake) -> None:
+    with TestClient(create_app("unused:0", api_key="s3cret", client=fake)) as client:
+        assert client.post("/v1/embeddings", json={"model": "emb", "input": "x"}).status_code == 401
+        wrong = client.post("/v1/embeddings", json={"model": "emb", "input": "x"},
+                            headers={"authorization": "Bearer s3cres"})
+        assert wrong.status_code == 401
+        right = client.post("/v1/embeddings", json={"model": "emb", "input": "x"},
+                            headers={"authorization": "Bearer s3cret"})
+        assert right.status_code == 200 and client.get("/health").status_code == 200

@@ -64,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="ragged: encoder takes mixed lengths (Python shims); buckets: the tokenizer "
                         "pads to fixed lengths so native backends can batch them")
     export.add_argument("--encoder-threads", type=int, default=2, help="intra-op threads of the encoder")
+    export.add_argument("--allow-pickle", action="store_true",
+                        help="load pickled weights (pytorch_model.bin) where no safetensors exist: pickle can run "
+                        "code when loaded, so only for models you trust")
+    export.add_argument("--trust-remote-code", action="store_true",
+                        help="export a model whose config.json names its own code (auto_map); that code runs")
 
     plugin = sub.add_parser("plugin", help="serve a registered IO-processor plugin around an exported model")
     plugin.add_argument("name", help="the plugin model's name")
@@ -107,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             precision=args.precision, device=args.device,
             matryoshka_dimensions=args.matryoshka_dimensions,
             batching=args.batching, encoder_threads=args.encoder_threads, tolerance=args.tolerance,
+            allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code,
         )
         try:
             export_model(_local(args.model), options)

@@ -6,6 +6,7 @@ module, so that no name or limit is spelled twice.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from pooltriton.core.semantics import Task
@@ -37,6 +38,27 @@ BI_ENCODER, LATE_INTERACTION, CROSS_ENCODER = "bi-encoder", "late-interaction", 
 
 # ---- plugins --------------------------------------------------------------------------------------------
 PLUGIN_INPUT, PLUGIN_OUTPUT = "INPUT", "OUTPUT"  # BYTES [n] -> BYTES [n] (JSON per item)
+
+
+# Model names become folder names in the repository and names in URLs: letters, digits, '_', '-' and
+# '.', starting with a letter or digit, no '..' (nothing that could leave the repository folder).
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+# Plugin modules are imported inside Triton: a dotted Python module name, nothing else.
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def invalid_model_name(name: str) -> str | None:
+    """Why `name` cannot be a model name (None: it can)."""
+    if not _MODEL_NAME.fullmatch(name) or ".." in name:
+        return (f"invalid model name {name!r}: use letters, digits, '_', '-' and '.' (at most 128, starting "
+                "with a letter or digit, no '..')")
+    return None
+
+
+def invalid_module_name(module: str) -> str | None:
+    if not _MODULE_NAME.fullmatch(module):
+        return f"invalid plugin module {module!r}: a dotted Python module name (e.g. my_pkg.plugins)"
+    return None
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from pooltriton.contract import (
     TEXT,
     TEXT_PAIR,
     TOKEN_COUNTS,
+    invalid_model_name,
     stages,
 )
 from pooltriton.contract.config import DynamicBatching, EnsembleStep, ModelConfig, Tensor
@@ -78,9 +79,13 @@ class ExportOptions:
     encoder_threads: int = 2
     ragged_token_budget: int | None = None  # None: RAGGED_TOKEN_BUDGET of the device
     tolerance: float | None = None  # verification bound; None: the precision's default (export.verify)
+    allow_pickle: bool = False  # load pickled weights (pytorch_model.bin): they can run code when loaded
+    trust_remote_code: bool = False  # models whose config.json names custom code (auto_map)
 
     def check(self, capabilities: Capabilities) -> tuple[Runtime, ExportOptions]:
         """The runtime, and these options with the precision decided (`auto`) and checked against the CPU."""
+        if (problem := invalid_model_name(self.name)) is not None:
+            raise ResolutionError(problem)
         runtime = RUNTIMES.get(self.runtime)
         if runtime is None:
             raise ResolutionError(f"runtime must be one of {sorted(RUNTIMES)}, not {self.runtime!r}")
@@ -130,11 +135,12 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     tokenizer_file = model_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ResolutionError(f"{model_dir} has no tokenizer.json (a fast tokenizer is required)")
+    check_model_files(model_dir, options.allow_pickle, options.trust_remote_code)
     progress = Progress(5)
     progress(f"resolving pooler configuration of {model_dir}")
     config = resolve_options(model_dir, options)
     progress(f"loading {config.architecture} ({config.task.value}, {config.pooling_type.value} pooling)")
-    encoder = load_encoder(model_dir, config)
+    encoder = load_encoder(model_dir, config, options.allow_pickle, options.trust_remote_code)
     width = output_width(encoder, config)
 
     out = Path(options.out)
@@ -174,6 +180,20 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     _write_json(out / names.ensemble / "pooler_config.json", config.to_json())
     print(f"exported {options.name} ({options.runtime}, {options.precision}) to {out}", file=sys.stderr)
     return asdict(report)
+
+
+def check_model_files(model_dir: Path, allow_pickle: bool, trust_remote_code: bool) -> None:
+    """Safe by default: weights from safetensors only, and no model that brings its own code."""
+    config = json.loads((model_dir / "config.json").read_text()) if (model_dir / "config.json").is_file() else {}
+    if config.get("auto_map") and not trust_remote_code:
+        raise ResolutionError(f"{model_dir} names custom code in config.json (auto_map), which would run at "
+                              "export; pass --trust-remote-code if you trust it")
+    if any(model_dir.glob("*.safetensors")) or allow_pickle:
+        return
+    pickled = sorted(p.name for p in model_dir.glob("*.bin")) + sorted(p.name for p in model_dir.glob("*.pt"))
+    if pickled:
+        raise ResolutionError(f"{model_dir} has only pickled weights ({', '.join(pickled)}), which can run code "
+                              "when loaded; convert them to safetensors, or pass --allow-pickle if you trust them")
 
 
 def score_mode(config: PoolerConfig) -> str | None:

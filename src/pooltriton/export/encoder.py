@@ -66,17 +66,22 @@ class PoolingEncoder(nn.Module):
         return (self.head(pooled) if self.head is not None else pooled).float()
 
 
-def load_encoder(model_dir: str | Path, config: PoolerConfig) -> PoolingEncoder:
-    hf_config = AutoConfig.from_pretrained(model_dir)
+def load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: bool = False,
+                 trust_remote_code: bool = False) -> PoolingEncoder:
+    """The model as a pooling module. Weights load from safetensors unless `allow_pickle`, and custom
+    model code runs only with `trust_remote_code` (export.build.check_model_files says why first)."""
+    hf_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    load = {"config": hf_config, "use_safetensors": None if allow_pickle else True,
+            "trust_remote_code": trust_remote_code}
     # Eager attention: plain ops that both exporters handle; the mask is ours (see forward).
     hf_config._attn_implementation = "eager"
     head: nn.Module | None = None
     returns_logits = False
     if config.task.is_embedding and config.pooling_type is not PoolingType.STEP:
-        network = AutoModel.from_pretrained(model_dir, config=hf_config)
+        network = AutoModel.from_pretrained(model_dir, **load)
         network = getattr(network, "base_model", network)
     elif config.task is Task.CLASSIFY:
-        full = AutoModelForSequenceClassification.from_pretrained(model_dir, config=hf_config)
+        full = AutoModelForSequenceClassification.from_pretrained(model_dir, **load)
         if config.self_pooling_head:
             if config.sources.get("pooling_type") == "explicit" and config.pooling_type is not PoolingType.CLS:
                 raise ResolutionError(f"{config.architecture} pools inside its classification head (CLS); "
@@ -89,7 +94,7 @@ def load_encoder(model_dir: str | Path, config: PoolerConfig) -> PoolingEncoder:
         # Process reward models read the LM head's logits of a few vocabulary ids at step tags.
         from transformers import AutoModelForCausalLM
 
-        full = AutoModelForCausalLM.from_pretrained(model_dir, config=hf_config)
+        full = AutoModelForCausalLM.from_pretrained(model_dir, **load)
         lm_head = full.get_output_embeddings()
         head = nn.Linear(lm_head.in_features, len(config.returned_token_ids), bias=lm_head.bias is not None)
         with torch.no_grad():
@@ -98,10 +103,10 @@ def load_encoder(model_dir: str | Path, config: PoolerConfig) -> PoolingEncoder:
                 head.bias.copy_(lm_head.bias[list(config.returned_token_ids)])
         network = full.base_model
     elif config.task is Task.TOKEN_CLASSIFY:
-        network = AutoModelForTokenClassification.from_pretrained(model_dir, config=hf_config)
+        network = AutoModelForTokenClassification.from_pretrained(model_dir, **load)
         returns_logits = True
     else:  # token_embed with STEP pooling and only a step tag: hidden states at the tags
-        network = AutoModel.from_pretrained(model_dir, config=hf_config)
+        network = AutoModel.from_pretrained(model_dir, **load)
         network = getattr(network, "base_model", network)
     network.eval()
     encoder = PoolingEncoder(network, config, encoder_input_names(network, hf_config), config.causal, head,

@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pooltriton.contract import OUTPUT_NAMES, PLUGIN_INPUT, PLUGIN_OUTPUT, TOKEN_COUNTS
+from pooltriton.contract import (
+    OUTPUT_NAMES,
+    PLUGIN_INPUT,
+    PLUGIN_OUTPUT,
+    TOKEN_COUNTS,
+    invalid_model_name,
+    invalid_module_name,
+)
 from pooltriton.contract.config import ModelConfig, Tensor
 from pooltriton.core.plugins import get_plugin
 from pooltriton.core.resolve import ResolutionError
@@ -13,6 +20,9 @@ from pooltriton.core.semantics import Task
 
 
 def write_plugin(name: str, plugin: str, module: str | None, model: str, out: Path) -> Path:
+    for problem in (invalid_model_name(name), invalid_model_name(model), module and invalid_module_name(module)):
+        if problem:
+            raise ResolutionError(problem)
     config_file = Path(out) / model / "pooler_config.json"
     if not config_file.is_file():
         raise ResolutionError(f"{model!r} is not an exported model in {out} (no {config_file})")

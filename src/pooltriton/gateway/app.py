@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import hmac
 import json
 import os
 import time
@@ -44,6 +45,7 @@ from pooltriton.contract import (
     SCORES,
     TEXT,
     TOKENIZE,
+    invalid_model_name,
     stages,
     triton_priority,
 )
@@ -100,6 +102,8 @@ class Triton:
             if not candidates:
                 raise APIError(404, f"no served model for task {task!r}", "model")
             return candidates[0]
+        if (problem := invalid_model_name(name)) is not None:
+            raise APIError(400, problem, "model")
         if name not in self.models:
             raise APIError(404, f"The model `{name}` does not exist. Served: {sorted(self.models)}", "model",
                            "model_not_found")
@@ -266,7 +270,8 @@ def create_app(triton_url: str, api_key: str | None = None, client: Any | None =
     async def guard(request: Request, call_next):
         started = time.monotonic()
         if request.url.path != "/health" and api_key:
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, f"Bearer {api_key}".encode()):  # constant time
                 return JSONResponse(error_body(401, "missing or wrong API key (Authorization: Bearer ...)",
                                                "authentication_error"), status_code=401)
         length = request.headers.get("content-length")
