@@ -51,8 +51,10 @@ class FakeServer:
     async def get_model_config(self, name: str, as_json: bool = True) -> dict:
         return {"config": self.configs[name]}
 
+    ready = True
+
     async def is_server_ready(self) -> bool:
-        return True
+        return self.ready
 
 
 def _words(text: str) -> int:
@@ -121,8 +123,9 @@ def test_priority_and_truncation_reach_triton(http, fake, priority: int, level: 
 def test_errors_are_classified_by_status_code(http) -> None:
     bad = http.post("/v1/embeddings", json={"model": "emb", "input": ["ok", "bad"]})
     assert bad.status_code == 400 and bad.json()["error"]["message"] == "text 0 is bad"
-    busy = http.post("/v1/embeddings", json={"model": "emb", "input": "busy"})
-    assert busy.status_code == 503 and busy.json()["error"]["type"] == "service_unavailable"
+    busy = http.post("/v1/embeddings", json={"model": "emb", "input": "busy"})  # UNAVAILABLE from a ready server
+    assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
+    assert busy.json()["error"]["type"] == "rate_limit_error"
     assert http.post("/v1/embeddings", json={"model": "nope", "input": "x"}).status_code == 404
 
 
@@ -181,3 +184,9 @@ def test_api_key(fake) -> None:
         right = client.post("/v1/embeddings", json={"model": "emb", "input": "x"},
                             headers={"authorization": "Bearer s3cret"})
         assert right.status_code == 200 and client.get("/health").status_code == 200
+
+
+def test_unavailable_from_a_server_that_is_not_ready_is_503(http, fake) -> None:
+    fake.server.ready = False
+    response = http.post("/v1/embeddings", json={"model": "emb", "input": "busy"})
+    assert response.status_code == 503 and "retry-after" not in response.headers

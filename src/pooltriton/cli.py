@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from pooltriton.contract import QUEUE_SIZE, QUEUE_TIMEOUT_MS
 from pooltriton.core.capabilities import AUTO
 from pooltriton.core.runtimes import BF16, CPU, CUDA, FP16, FP32, RUNTIMES, TOLERANCES
 from pooltriton.core.semantics import PoolingType, Task
@@ -64,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="ragged: encoder takes mixed lengths (Python shims); buckets: the tokenizer "
                         "pads to fixed lengths so native backends can batch them")
     export.add_argument("--encoder-threads", type=int, default=2, help="intra-op threads of the encoder")
+    export.add_argument("--queue-size", type=int, default=QUEUE_SIZE,
+                        help="waiting requests per batched stage; more are rejected at once (UNAVAILABLE / 503)")
+    export.add_argument("--queue-timeout-ms", type=int, default=QUEUE_TIMEOUT_MS,
+                        help="a request still waiting after this is rejected (a request may ask for less)")
     export.add_argument("--allow-pickle", action="store_true",
                         help="load pickled weights (pytorch_model.bin) where no safetensors exist: pickle can run "
                         "code when loaded, so only for models you trust")
@@ -112,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             precision=args.precision, device=args.device,
             matryoshka_dimensions=args.matryoshka_dimensions,
             batching=args.batching, encoder_threads=args.encoder_threads, tolerance=args.tolerance,
+            queue_size=args.queue_size, queue_timeout_ms=args.queue_timeout_ms,
             allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code,
         )
         try:

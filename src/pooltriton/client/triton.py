@@ -34,7 +34,15 @@ from pooltriton.contract import (
     triton_priority,
 )
 from pooltriton.contract import requests as protocol
-from pooltriton.contract.requests import ModelInfo, TritonRequest, as_texts, model_info, retry_delay, score_inputs
+from pooltriton.contract.requests import (
+    RETRIES,
+    ModelInfo,
+    TritonRequest,
+    as_texts,
+    model_info,
+    retry_delay,
+    score_inputs,
+)
 
 DEFAULT_URLS = {"http": "localhost:8000", "grpc": "localhost:8001"}
 
@@ -72,7 +80,8 @@ class RerankResult:
 class _Requests:
     """What both clients send and how they read answers; transport lives in the subclasses."""
 
-    def __init__(self, url: str | None, protocol: str, model: str, max_batch: int, asynchronous: bool) -> None:
+    def __init__(self, url: str | None, protocol: str, model: str, max_batch: int, asynchronous: bool,
+                 retries: int) -> None:
         if protocol not in ("http", "grpc"):
             raise ValueError(f"protocol must be 'http' or 'grpc', not {protocol!r}")
         if protocol == "http":
@@ -85,7 +94,7 @@ class _Requests:
                 import tritonclient.grpc.aio as module
         self._module = module
         self._client = module.InferenceServerClient(url or DEFAULT_URLS[protocol])
-        self.protocol, self.model, self.max_batch = protocol, model, max_batch
+        self.protocol, self.model, self.max_batch, self.retries = protocol, model, max_batch, retries
         self._info: dict[str, ModelInfo] = {}
 
     @property
@@ -139,8 +148,8 @@ class PoolingClient(_Requests):
     vLLM's (lower runs earlier, 0 default), mapped to Triton's priority levels."""
 
     def __init__(self, url: str | None = None, protocol: str = "http", model: str = "minilm",
-                 max_batch: int = MAX_BATCH_SIZE) -> None:
-        super().__init__(url, protocol, model, max_batch, asynchronous=False)
+                 max_batch: int = MAX_BATCH_SIZE, retries: int = RETRIES) -> None:
+        super().__init__(url, protocol, model, max_batch, asynchronous=False, retries=retries)
 
     def close(self) -> None:
         self._client.close()
@@ -159,7 +168,7 @@ class PoolingClient(_Requests):
                                             parameters=request.parameters or None, priority=request.priority)
                 return {name: result.as_numpy(name) for name in request.outputs}
             except Exception as error:
-                if (delay := retry_delay(attempt, error)) is None:
+                if (delay := retry_delay(attempt, error, self.retries)) is None:
                     raise
                 time.sleep(delay)
         raise AssertionError("unreachable")
@@ -223,8 +232,8 @@ class AsyncPoolingClient(_Requests):
     a big input are sent concurrently."""
 
     def __init__(self, url: str | None = None, protocol: str = "grpc", model: str = "minilm",
-                 max_batch: int = MAX_BATCH_SIZE) -> None:
-        super().__init__(url, protocol, model, max_batch, asynchronous=True)
+                 max_batch: int = MAX_BATCH_SIZE, retries: int = RETRIES) -> None:
+        super().__init__(url, protocol, model, max_batch, asynchronous=True, retries=retries)
 
     async def close(self) -> None:
         await self._client.close()
@@ -243,7 +252,7 @@ class AsyncPoolingClient(_Requests):
                                                   parameters=request.parameters or None, priority=request.priority)
                 return {name: result.as_numpy(name) for name in request.outputs}
             except Exception as error:
-                if (delay := retry_delay(attempt, error)) is None:
+                if (delay := retry_delay(attempt, error, self.retries)) is None:
                     raise
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")

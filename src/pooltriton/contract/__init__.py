@@ -24,6 +24,13 @@ PROMPT_TOKENS = "PROMPT_TOKENS"
 MAX_BATCH_SIZE = 128
 # Request priority 1 (high), 2 (default), 3 (low) on the batched stages; ensembles pass it through.
 PRIORITY_LEVELS = 3
+# Bounded queues on every batched stage (export --queue-size / --queue-timeout-ms). 128 waiting requests
+# absorb a burst of as many clients (the benchmark's 64 single-text clients; requests of up to 128 texts
+# each); past that a request is rejected at once. One waiting longer than the timeout is rejected then:
+# at ~1.4 requests of 32 texts per second on 2 cores (docs/performance.md), 30 s is ~40 such requests.
+QUEUE_SIZE, QUEUE_TIMEOUT_MS = 128, 30_000
+# What the gateway tells a client it turned away for overload (HTTP 429 Retry-After, seconds).
+RETRY_AFTER_S = 1
 
 # ---- the stages between tokenizer, encoder and pooler -----------------------------------------------
 INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS = "input_ids", "attention_mask", "token_type_ids"

@@ -22,10 +22,22 @@ class Tensor:
 
 
 @dataclass(frozen=True)
+class QueuePolicy:
+    """Triton's queue policy: at most `max_queue_size` waiting requests (more are rejected at once, as
+    UNAVAILABLE / HTTP 503), each rejected if still waiting after `timeout_microseconds`; a request may
+    ask for a shorter timeout (its "timeout" parameter)."""
+
+    max_queue_size: int
+    timeout_microseconds: int
+    allow_timeout_override: bool = True
+
+
+@dataclass(frozen=True)
 class DynamicBatching:
     max_queue_delay_microseconds: int = 2000
     preferred_batch_size: tuple[int, ...] = ()
     priority_levels: int = 0
+    queue: QueuePolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +120,12 @@ def _dynamic_batching(batching: DynamicBatching) -> str:
     if batching.priority_levels:
         parts.append(f"priority_levels: {batching.priority_levels}")
         parts.append(f"default_priority_level: {(batching.priority_levels + 1) // 2}")
+    if batching.queue is not None:
+        queue = batching.queue
+        parts.append("default_queue_policy { timeout_action: REJECT "
+                     f"default_timeout_microseconds: {queue.timeout_microseconds} "
+                     f"allow_timeout_override: {str(queue.allow_timeout_override).lower()} "
+                     f"max_queue_size: {queue.max_queue_size} }}")
     return "dynamic_batching { " + " ".join(parts) + " }"
 
 

@@ -155,9 +155,10 @@ def classify(error: Exception) -> Failure:
     return Failure(status, text or str(error))
 
 
-def retry_delay(attempt: int, error: Exception) -> float | None:
+def retry_delay(attempt: int, error: Exception, retries: int = RETRIES) -> float | None:
     """Seconds to wait before retrying a failed attempt (0-based), or None: give up and raise.
-    Only UNAVAILABLE (server starting, overloaded) is retried, with exponential backoff."""
-    if attempt >= RETRIES - 1 or not classify(error).retryable:
+    Only UNAVAILABLE (server starting or restarting, queue full) is retried, with exponential backoff,
+    `retries` attempts in all."""
+    if attempt >= retries - 1 or not classify(error).retryable:
         return None
     return BACKOFF_S * 2**attempt

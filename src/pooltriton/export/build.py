@@ -36,6 +36,8 @@ from pooltriton.contract import (
     PRIORITY_LEVELS,
     PROMPT_TOKENS,
     QUERY,
+    QUEUE_SIZE,
+    QUEUE_TIMEOUT_MS,
     SCORES,
     TEXT,
     TEXT_PAIR,
@@ -43,7 +45,7 @@ from pooltriton.contract import (
     invalid_model_name,
     stages,
 )
-from pooltriton.contract.config import DynamicBatching, EnsembleStep, ModelConfig, Tensor
+from pooltriton.contract.config import DynamicBatching, EnsembleStep, ModelConfig, QueuePolicy, Tensor
 from pooltriton.core.capabilities import AUTO, Capabilities, PrecisionError, choose_precision, detect
 from pooltriton.core.resolve import PoolerConfig, ResolutionError, resolve
 from pooltriton.core.runtimes import CPU, CUDA, FP32, RUNTIMES, Runtime
@@ -79,6 +81,8 @@ class ExportOptions:
     encoder_threads: int = 2
     ragged_token_budget: int | None = None  # None: RAGGED_TOKEN_BUDGET of the device
     tolerance: float | None = None  # verification bound; None: the precision's default (export.verify)
+    queue_size: int = QUEUE_SIZE  # waiting requests per batched stage before rejecting at once
+    queue_timeout_ms: int = QUEUE_TIMEOUT_MS  # a request still waiting after this is rejected
     allow_pickle: bool = False  # load pickled weights (pytorch_model.bin): they can run code when loaded
     trust_remote_code: bool = False  # models whose config.json names custom code (auto_map)
 
@@ -93,6 +97,8 @@ class ExportOptions:
             precision, reason = choose_precision(self.runtime, self.precision, self.device, capabilities)
         except PrecisionError as error:
             raise ResolutionError(str(error)) from None
+        if self.queue_size < 1 or self.queue_timeout_ms < 1:
+            raise ResolutionError("--queue-size and --queue-timeout-ms must be positive")
         if self.tolerance is not None and not 0 < self.tolerance < 1:
             raise ResolutionError(f"--tolerance must be between 0 and 1, not {self.tolerance}")
         if self.precision == AUTO:
@@ -231,6 +237,7 @@ def pipeline_configs(
         "pad_token_id": pad_token_id,
         "outputs": list(dict.fromkeys([*encoder_inputs, *pooler_extra])),
     }
+    queue = QueuePolicy(options.queue_size, options.queue_timeout_ms * 1000)
     if not ragged:
         tokenizer_params["pad_to_buckets"] = [b for b in BUCKETS if b < config.max_length] + [config.max_length]
     token_outputs = tokenizer_params["outputs"]
@@ -241,7 +248,8 @@ def pipeline_configs(
                                      Tensor(DETOKENIZED, "TYPE_STRING", (1,))],
         # No queue delay (here and on the encoder): under load requests queue while the encoder runs
         # anyway, and when idle a delay is pure latency on a single text (docs/performance.md).
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS),
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS,
+                                         queue=queue),
         parameters=tokenizer_params,
     )
     encoder = ModelConfig(
@@ -249,7 +257,8 @@ def pipeline_configs(
         max_batch_size=MAX_BATCH_SIZE,
         inputs=[Tensor(n, "TYPE_INT64", (-1,), allow_ragged_batch=ragged) for n in encoder_inputs],
         outputs=[pooled],
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS),
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS,
+                                         queue=queue),
         instance_kind="KIND_GPU" if options.device == CUDA else "KIND_CPU",
         # The native backends' own keys, so the config means the same on both servers.
         parameters={**runtime.parameters(options.encoder_threads, options.precision), "pad_token_id": pad_token_id,
@@ -265,7 +274,7 @@ def pipeline_configs(
         name=names.pooler, backend="pooler", max_batch_size=MAX_BATCH_SIZE,
         inputs=[pooled] + [Tensor(n, "TYPE_INT64", (-1,)) for n in pooler_extra],
         outputs=public_outputs,
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0),
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, queue=queue),
         parameters=pooler_params,
     )
     ensemble_params: dict = {"task": config.task.value, "max_length": config.max_length}

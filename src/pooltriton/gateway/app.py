@@ -42,6 +42,7 @@ from pooltriton.contract import (
     INPUT_IDS,
     PROMPT_TOKENS,
     QUERY,
+    RETRY_AFTER_S,
     SCORES,
     TEXT,
     TOKENIZE,
@@ -57,9 +58,10 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str | None = None,
+                 retry_after: int | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status, self.message, self.param, self.retry_after = status, message, param, retry_after
         self.kind = kind or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                              413: "invalid_request_error", 422: "invalid_request_error",
                              429: "rate_limit_error", 503: "service_unavailable"}.get(status, "server_error")
@@ -110,12 +112,22 @@ class Triton:
         return self.models[name]
 
     async def infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
-        """Through the async client (its retries on UNAVAILABLE); Triton's error -> its HTTP status."""
+        """Through the async client; Triton's error -> its HTTP status. UNAVAILABLE from a server that is
+        ready means its queue is full (or the request waited past the queue timeout): 429 with
+        Retry-After, the client's to retry; from a server that is not, 503."""
         try:
             return await self.client.infer(request)
         except InferenceServerException as error:
             failure = classify(error)
+            if failure.retryable and await self.ready():
+                raise APIError(429, f"overloaded, retry later: {failure.message}", retry_after=RETRY_AFTER_S) from None
             raise APIError(failure.status, failure.message) from None
+
+    async def ready(self) -> bool:
+        try:
+            return bool(await self.client.server.is_server_ready())
+        except InferenceServerException:
+            return False
 
     async def encode(self, model: ServedModel, texts: list[str], parameters: dict[str, Any],
                      pairs: list[str] | None = None, priority: int = 0) -> tuple[Any, int]:
@@ -254,7 +266,9 @@ def create_app(triton_url: str, api_key: str | None = None, client: Any | None =
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         if triton.owns_client:
-            triton.client = AsyncPoolingClient(triton.url, protocol="grpc")
+            # One attempt: an overloaded server's answer goes back to the HTTP client at once (429 with
+            # Retry-After) instead of being retried here on its behalf.
+            triton.client = AsyncPoolingClient(triton.url, protocol="grpc", retries=1)
         try:
             await triton.refresh()
         except InferenceServerException:
@@ -286,7 +300,9 @@ def create_app(triton_url: str, api_key: str | None = None, client: Any | None =
 
     @app.exception_handler(APIError)
     async def api_error(_request: Request, error: APIError):
-        return JSONResponse(error_body(error.status, error.message, error.kind, error.param), status_code=error.status)
+        headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else None
+        return JSONResponse(error_body(error.status, error.message, error.kind, error.param), status_code=error.status,
+                            headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, error: RequestValidationError):

@@ -1,0 +1,111 @@
+"""Overload against a real server with a small queue: every request either succeeds with the exact
+answer or is rejected at once (UNAVAILABLE over gRPC; 429 with Retry-After from the gateway), nothing
+waits past the queue timeout plus a batch, and the server serves exact answers afterwards.
+
+Bounded: a fixed number of requests from a fixed number of concurrent clients, loopback only."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from pooltriton.client import AsyncPoolingClient, PoolingClient
+from pooltriton.contract import stages
+from pooltriton.contract.requests import classify
+from pooltriton.export.defaults import exported_defaults
+
+from conftest import REPOSITORY, running_gateway, start_server
+
+QUEUE_SIZE, TIMEOUT_S = 2, 5
+CLIENTS, REQUESTS = 24, 72  # each request: 32 texts of ~100 tokens, ~0.7 s of encoder time here
+
+
+@pytest.fixture(scope="module")
+def small_queue(tmp_path_factory: pytest.TempPathFactory):
+    """minilm as exported by default, with queues of QUEUE_SIZE requests and a TIMEOUT_S timeout."""
+    repository = tmp_path_factory.mktemp("small_queue")
+    assert "minilm" in exported_defaults()
+    for stage in stages("minilm"):
+        if (REPOSITORY / stage).is_dir():
+            shutil.copytree(REPOSITORY / stage, repository / stage)
+    for config in repository.glob("*/config.pbtxt"):
+        text = config.read_text()
+        text = re.sub(r"max_queue_size: \d+", f"max_queue_size: {QUEUE_SIZE}", text)
+        text = re.sub(r"default_timeout_microseconds: \d+", f"default_timeout_microseconds: {TIMEOUT_S * 10**6}",
+                      text)
+        config.write_text(text)
+    server = start_server(repository, repository / "server.log")
+    yield server
+    assert server.stop() == 0
+
+
+def _texts() -> list[str]:
+    from bench.bench import corpus
+
+    return corpus(32, seed=5)
+
+
+def test_overload_is_rejected_fast_and_answers_stay_exact(small_queue, minilm_st) -> None:
+    texts = _texts()
+    reference = minilm_st.encode(texts, normalize_embeddings=True, batch_size=32)
+
+    async def flood() -> list[tuple[str, float, object]]:
+        outcomes: list[tuple[str, float, object]] = []
+        queue = list(range(REQUESTS))
+        async with AsyncPoolingClient(small_queue.grpc_url, retries=1) as client:
+            await client.info("minilm")
+
+            async def worker() -> None:
+                while queue:
+                    queue.pop()
+                    started = time.monotonic()
+                    try:
+                        vectors = await client.embed(texts)
+                        outcomes.append(("ok", time.monotonic() - started, vectors))
+                    except Exception as error:  # classified below: only overload is acceptable
+                        outcomes.append(("rejected", time.monotonic() - started, classify(error)))
+
+            await asyncio.gather(*(worker() for _ in range(CLIENTS)))
+        return outcomes
+
+    outcomes = asyncio.run(flood())
+    ok = [o for o in outcomes if o[0] == "ok"]
+    rejected = [o for o in outcomes if o[0] == "rejected"]
+    assert len(outcomes) == REQUESTS and ok and rejected, (len(ok), len(rejected))
+    assert all(failure.status == 503 for _, _, failure in rejected), {f.message for _, _, f in rejected}
+    for _, _, vectors in ok:
+        assert np.abs(vectors - reference).max() <= 1e-5
+    fast = sorted(seconds for _, seconds, _ in rejected)
+    p99 = fast[min(len(fast) - 1, int(0.99 * len(fast)))]
+    print(f"\n{len(ok)} answered, {len(rejected)} rejected; rejection p50 {fast[len(fast) // 2] * 1000:.0f} ms, "
+          f"p99 {p99 * 1000:.0f} ms; slowest answer {max(s for _, s, _ in ok):.1f} s")
+    assert p99 < 1.0
+    # Waiting is bounded by the queue timeout plus the batch being computed (a few requests' worth).
+    assert max(seconds for _, seconds, _ in ok) < TIMEOUT_S + 10
+    assert small_queue.process.poll() is None
+    with PoolingClient(small_queue.grpc_url, protocol="grpc") as client:
+        assert np.abs(client.embed(texts) - reference).max() <= 1e-5
+
+
+def test_gateway_turns_overload_into_429_with_retry_after(small_queue) -> None:
+    texts = _texts()
+
+    async def flood(url: str) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            return await asyncio.gather(*(http.post("/v1/embeddings", json={"model": "minilm", "input": texts})
+                                          for _ in range(CLIENTS)))
+
+    with running_gateway(small_queue.grpc_url) as url:
+        responses = asyncio.run(flood(url))
+    codes = [r.status_code for r in responses]
+    assert set(codes) <= {200, 429} and 200 in codes and 429 in codes, codes
+    for response in responses:
+        if response.status_code == 429:
+            assert response.headers["retry-after"] == "1"
+            assert "overloaded" in response.json()["error"]["message"]
