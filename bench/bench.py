@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from pooltriton.client.triton import AsyncPoolingClient
-from pooltriton.contract import TEXT, stages
+from pooltriton.contract import ADMIN_KEY_ENV, TEXT, admin_headers, stages
 from pooltriton.contract.config import parse_config
 from pooltriton.contract.requests import TritonRequest
 from pooltriton.core.capabilities import detect
@@ -126,7 +126,10 @@ class Baseline:
 
 # ---- served path ----------------------------------------------------------------------------------
 async def _stats(client, names: tuple[str, ...]) -> dict[str, dict]:
-    stats = await client.get_inference_statistics(as_json=True)
+    # Statistics are a restricted API: the admin key comes from the server this run started, or from
+    # POOLTRITON_ADMIN_KEY for a server given with --grpc-url.
+    stats = await client.get_inference_statistics(headers=admin_headers(os.environ.get(ADMIN_KEY_ENV, ""), "grpc"),
+                                                  as_json=True)
     out = {}
     for model in stats.get("model_stats", []):
         if model["name"] in names:
@@ -247,6 +250,7 @@ def run(repository: Path, out: Path, count: int, concurrencies: list[int], grpc_
         backends = assemble(Path(__file__).resolve().parent.parent / "build" / "backends")
         server = TritonServer(repository, backends, port(), port(), port(), log_file=out / "server.log").start()
         server.wait_ready()
+        os.environ[ADMIN_KEY_ENV] = server.admin_key
         grpc_url, metrics_url = server.grpc_url, f"http://localhost:{server.metrics_port}/metrics"
     try:
         texts, shorts = corpus(count), short_corpus(count)

@@ -17,10 +17,11 @@ def model_counts(client_stats, name: str) -> tuple[int, int]:
     raise KeyError(name)
 
 
-async def _fire(url: str, texts: list[str]) -> tuple[list[np.ndarray], dict[str, tuple[int, int]]]:
+async def _fire(url: str, texts: list[str],
+                headers: dict[str, str]) -> tuple[list[np.ndarray], dict[str, tuple[int, int]]]:
     client = aiogrpc.InferenceServerClient(url)
     names = ("minilm_tokenizer", "minilm_encoder")
-    before = await client.get_inference_statistics()
+    before = await client.get_inference_statistics(headers=headers)
 
     async def one(text: str) -> np.ndarray:
         tensor = aiogrpc.InferInput("TEXT", [1, 1], "BYTES")
@@ -29,7 +30,7 @@ async def _fire(url: str, texts: list[str]) -> tuple[list[np.ndarray], dict[str,
         return result.as_numpy("EMBEDDING")
 
     vectors = await asyncio.gather(*(one(t) for t in texts))
-    after = await client.get_inference_statistics()
+    after = await client.get_inference_statistics(headers=headers)
     await client.close()
     deltas = {}
     for name in names:
@@ -41,7 +42,7 @@ async def _fire(url: str, texts: list[str]) -> tuple[list[np.ndarray], dict[str,
 
 def test_concurrent_varied_length_requests_are_batched(server, http_client) -> None:
     texts = varied_texts(64, seed=3, max_words=60)
-    vectors, deltas = asyncio.run(_fire(server.grpc_url, texts))
+    vectors, deltas = asyncio.run(_fire(server.grpc_url, texts, server.admin_headers("grpc")))
     inferences, executions = deltas["minilm_encoder"]
     assert inferences == len(texts)
     assert executions < len(texts), f"encoder ran {executions} executions for {len(texts)} requests"

@@ -15,7 +15,7 @@ API_KEY = "test-key"
 
 @pytest.fixture(scope="module")
 def gateway(server):
-    with running_gateway(server.grpc_url, api_key=API_KEY) as url:
+    with running_gateway(server.grpc_url, api_key=API_KEY, admin_key=server.admin_key) as url:
         yield url
 
 

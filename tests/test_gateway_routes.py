@@ -45,7 +45,7 @@ class FakeServer:
             "emb_tokenizer": {"name": "emb_tokenizer", "backend": "tokenizer", "output": []},
         }
 
-    async def get_model_repository_index(self, as_json: bool = True) -> dict:
+    async def get_model_repository_index(self, headers: dict | None = None, as_json: bool = True) -> dict:
         return {"models": [{"name": name, "state": "READY"} for name in self.configs]}
 
     async def get_model_config(self, name: str, as_json: bool = True) -> dict:

@@ -101,7 +101,7 @@ def test_gateway_turns_overload_into_429_with_retry_after(small_queue) -> None:
             return await asyncio.gather(*(http.post("/v1/embeddings", json={"model": "minilm", "input": texts})
                                           for _ in range(CLIENTS)))
 
-    with running_gateway(small_queue.grpc_url) as url:
+    with running_gateway(small_queue.grpc_url, admin_key=small_queue.admin_key) as url:
         responses = asyncio.run(flood(url))
     codes = [r.status_code for r in responses]
     assert set(codes) <= {200, 429} and 200 in codes and 429 in codes, codes

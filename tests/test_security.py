@@ -62,3 +62,27 @@ def test_model_code_is_refused_unless_trusted(tiny: Path, tmp_path: Path, capsys
     (custom / "config.json").write_text(json.dumps(config))
     assert _export(custom, tmp_path / "repo") == 2
     assert "custom code in config.json (auto_map)" in capsys.readouterr().err
+
+
+def test_triton_admin_apis_need_the_key(server) -> None:
+    """Repository, statistics, shared memory, trace and logging answer only with the admin key;
+    health, metadata and inference stay open."""
+    import httpx
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    base = f"http://{server.http_url}"
+    refused = [httpx.post(f"{base}/v2/repository/index"), httpx.get(f"{base}/v2/models/stats"),
+               httpx.get(f"{base}/v2/systemsharedmemory/status"), httpx.get(f"{base}/v2/trace/setting"),
+               httpx.get(f"{base}/v2/logging"), httpx.post(f"{base}/v2/repository/models/minilm/unload")]
+    assert all(r.status_code >= 400 for r in refused), [(r.request.url.path, r.status_code) for r in refused]
+    assert httpx.post(f"{base}/v2/repository/index", headers={"pooltriton-admin-key": "wrong"}).status_code >= 400
+    assert httpx.post(f"{base}/v2/repository/index", headers=server.admin_headers()).status_code == 200
+    assert httpx.get(f"{base}/v2/models/stats", headers=server.admin_headers()).status_code == 200
+    assert httpx.get(f"{base}/v2/health/ready").status_code == 200
+    assert httpx.get(f"{base}/v2/models/minilm").status_code == 200
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException):
+        client.get_inference_statistics()
+    assert client.get_inference_statistics(headers=server.admin_headers("grpc")) is not None
+    client.close()

@@ -269,7 +269,7 @@ def test_gateway_classify_and_cross_encoder_rerank(served, tiny_root: Path) -> N
     case = next(c for c in CASES if c.name == "llama_classify")
     texts = texts_for(case)[:4]
     expected = reference(case, folder_of(tiny_root, case), texts)
-    with running_gateway(server.grpc_url) as url:
+    with running_gateway(server.grpc_url, admin_key=server.admin_key) as url:
         body = httpx.post(f"{url}/classify", json={"model": "llama_classify", "input": texts}, timeout=60).json()
         probabilities = np.array([d["probs"] for d in body["data"]])
         assert np.abs(probabilities - np.array(expected)).max() <= MAX_ABS

@@ -29,6 +29,17 @@ PRIORITY_LEVELS = 3
 # each); past that a request is rejected at once. One waiting longer than the timeout is rejected then:
 # at ~1.4 requests of 32 texts per second on 2 cores (docs/performance.md), 30 s is ~40 such requests.
 QUEUE_SIZE, QUEUE_TIMEOUT_MS = 128, 30_000
+# Triton's APIs that are not inference, health or metadata answer only requests carrying this header
+# with the server's admin key (docs/security.md): shared-memory registration, the model repository
+# (index, load, unload), statistics, trace and logging settings.
+ADMIN_HEADER = "pooltriton-admin-key"
+ADMIN_KEY_ENV = "POOLTRITON_ADMIN_KEY"
+RESTRICTED_APIS = ("shared-memory", "model-repository", "statistics", "trace", "logging")
+
+
+def admin_headers(key: str, protocol: str) -> dict[str, str]:
+    """The header that opens the restricted APIs: over gRPC Triton expects it under a prefix."""
+    return {("triton-grpc-protocol-" if protocol == "grpc" else "") + ADMIN_HEADER: key}
 # What the gateway tells a client it turned away for overload (HTTP 429 Retry-After, seconds).
 RETRY_AFTER_S = 1
 

@@ -35,6 +35,7 @@ from tritonclient.utils import InferenceServerException
 
 from pooltriton.client.triton import AsyncPoolingClient
 from pooltriton.contract import (
+    ADMIN_KEY_ENV,
     ATTENTION_MASK,
     DETOKENIZE,
     DETOKENIZED,
@@ -46,6 +47,7 @@ from pooltriton.contract import (
     SCORES,
     TEXT,
     TOKENIZE,
+    admin_headers,
     invalid_model_name,
     stages,
     triton_priority,
@@ -79,15 +81,17 @@ class ServedModel(ModelInfo):
 class Triton:
     """The models Triton serves and async inference against them, through the async client."""
 
-    def __init__(self, url: str, client: Any | None = None) -> None:
+    def __init__(self, url: str, client: Any | None = None, admin_key: str | None = None) -> None:
         self.url = url
+        # The model list comes from Triton's repository index, a restricted API.
+        self.admin_headers = admin_headers(admin_key, "grpc") if admin_key else None
         # Made inside the server's event loop unless injected (a fake in the route tests).
         self.client: Any | None = client
         self.owns_client = client is None
         self.models: dict[str, ServedModel] = {}
 
     async def refresh(self) -> None:
-        index = await self.client.server.get_model_repository_index(as_json=True)
+        index = await self.client.server.get_model_repository_index(headers=self.admin_headers, as_json=True)
         names = {m["name"] for m in index.get("models", []) if m.get("state", "READY") == "READY"}
         models = {}
         for name in sorted(names):
@@ -257,10 +261,12 @@ def usage(tokens: int) -> dict[str, int]:
 
 
 # ---- the app --------------------------------------------------------------------------------------
-def create_app(triton_url: str, api_key: str | None = None, client: Any | None = None) -> FastAPI:
+def create_app(triton_url: str, api_key: str | None = None, client: Any | None = None,
+               admin_key: str | None = None) -> FastAPI:
     """`client`: an AsyncPoolingClient-like object (infer(TritonRequest), server.*); default: a gRPC
-    AsyncPoolingClient to `triton_url`, made when the app starts."""
-    triton = Triton(triton_url, client)
+    AsyncPoolingClient to `triton_url`, made when the app starts. `admin_key`: Triton's, for its
+    restricted repository index (default: POOLTRITON_ADMIN_KEY)."""
+    triton = Triton(triton_url, client, admin_key if admin_key is not None else os.environ.get(ADMIN_KEY_ENV))
     counters: dict[tuple[str, int], int] = {}
 
     @asynccontextmanager

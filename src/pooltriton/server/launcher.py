@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from pooltriton.contract import ADMIN_HEADER, ADMIN_KEY_ENV, RESTRICTED_APIS, admin_headers
 from pooltriton.server.assemble import triton_home
 
 
@@ -40,6 +42,7 @@ class TritonServer:
         metrics_port: int = 8002,
         log_file: Path | None = None,
         extra_args: tuple[str, ...] = (),
+        admin_key: str | None = None,
     ) -> None:
         self.repository = Path(repository).resolve()
         self.backends = Path(backends).resolve()
@@ -47,6 +50,9 @@ class TritonServer:
         self.shm_prefix = f"pooltriton{os.getpid()}p{http_port}_"
         self.log_file = log_file
         self.extra_args = extra_args
+        # The key of Triton's restricted APIs (contract.RESTRICTED_APIS): given, from the environment,
+        # or made up for this server (its owner reads it here).
+        self.admin_key = admin_key or os.environ.get(ADMIN_KEY_ENV) or secrets.token_urlsafe(24)
         self.process: subprocess.Popen | None = None
 
     @property
@@ -56,6 +62,10 @@ class TritonServer:
     @property
     def grpc_url(self) -> str:
         return f"localhost:{self.grpc_port}"
+
+    def admin_headers(self, protocol: str = "http") -> dict[str, str]:
+        """Headers that open the restricted APIs (statistics, repository index, ...)."""
+        return admin_headers(self.admin_key, protocol)
 
     def command(self) -> list[str]:
         return [
@@ -70,6 +80,8 @@ class TritonServer:
             "--strict-readiness=true",
             "--exit-timeout-secs=10",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            f"--http-restricted-api={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.admin_key}",
+            f"--grpc-restricted-protocol={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.admin_key}",
             *self.extra_args,
         ]
 
@@ -146,7 +158,8 @@ class TritonServer:
         helper = None
         while not stop["requested"] and self.process.poll() is None:
             if companion and helper is None and self.ready():
-                helper = subprocess.Popen(companion, preexec_fn=_die_with_parent)
+                helper = subprocess.Popen(companion, preexec_fn=_die_with_parent,
+                                          env={**os.environ, ADMIN_KEY_ENV: self.admin_key})
                 print(f"gateway: {' '.join(companion[2:])}", file=sys.stderr, flush=True)
             time.sleep(0.2)
         if helper is not None and helper.poll() is None:
