@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pooltriton.contract import ADMIN_HEADER, ADMIN_KEY_ENV, RESTRICTED_APIS, admin_headers
 from pooltriton.server.assemble import triton_home
+from pooltriton.server.supervisor import Supervisor
 
 
 def _die_with_parent() -> None:
@@ -78,6 +79,10 @@ class TritonServer:
             "--allow-gpu-metrics=false",
             "--pinned-memory-pool-byte-size=0",
             "--strict-readiness=true",
+            # Explicit control, every model loaded at start: the supervisor reloads a dead stage over the
+            # repository API (restricted to the admin key below).
+            "--model-control-mode=explicit",
+            "--load-model=*",
             "--exit-timeout-secs=10",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             f"--http-restricted-api={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.admin_key}",
@@ -156,12 +161,17 @@ class TritonServer:
         print(f"tritonserver: HTTP {self.http_port}, gRPC {self.grpc_port}, metrics {self.metrics_port} "
               f"(Ctrl-C stops it)", file=sys.stderr, flush=True)
         helper = None
+        supervisor = None
         while not stop["requested"] and self.process.poll() is None:
+            if supervisor is None and self.ready():
+                supervisor = Supervisor(self).start()
             if companion and helper is None and self.ready():
                 helper = subprocess.Popen(companion, preexec_fn=_die_with_parent,
                                           env={**os.environ, ADMIN_KEY_ENV: self.admin_key})
                 print(f"gateway: {' '.join(companion[2:])}", file=sys.stderr, flush=True)
             time.sleep(0.2)
+        if supervisor is not None:
+            supervisor.stop()
         if helper is not None and helper.poll() is None:
             helper.send_signal(signal.SIGTERM)
             helper.wait(15)

@@ -1,0 +1,90 @@
+"""Self-healing under load: kill a stage's stub by PID (tokenizer, encoder, pooler, scorer); readiness
+goes false, the supervisor brings the stage back without manual action, answers are exact again, and
+every request sent meanwhile got an answer or a definite error. Bounded in count and time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from pooltriton.client import PoolingClient
+from pooltriton.server.supervisor import Supervisor, instance_model
+
+from conftest import REPOSITORY, start_server
+
+RECOVERY_BOUND_S = 30  # readiness back and exact answers within this, per fault
+QUERY, DOCUMENTS = "A man is eating food.", ["A man is eating a piece of bread.", "A monkey plays drums."]
+
+
+def _ready(server) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def supervised(tmp_path_factory: pytest.TempPathFactory):
+    server = start_server(REPOSITORY, tmp_path_factory.mktemp("faults") / "server.log")
+    supervisor = Supervisor(server, interval_s=0.5).start()
+    yield server, supervisor
+    supervisor.stop()
+    server.stop()
+
+
+@pytest.mark.parametrize("stage", ["minilm_tokenizer", "minilm_encoder", "minilm_pooler", "minilm_score"])
+def test_a_killed_stage_comes_back_by_itself(supervised, minilm_st, stage: str) -> None:
+    server, supervisor = supervised
+    texts = ["one text to embed", "and a second one"]
+    expected = minilm_st.encode(texts, normalize_embeddings=True)
+    expected_scores = minilm_st.encode(DOCUMENTS, normalize_embeddings=True) @ minilm_st.encode(
+        QUERY, normalize_embeddings=True)
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def load() -> None:  # a steady trickle of requests while the stage dies and comes back
+        with PoolingClient(server.grpc_url, protocol="grpc", retries=1) as client:
+            while not stop.is_set():
+                try:
+                    if stage.endswith("score"):
+                        ok = np.abs(client.score(QUERY, DOCUMENTS) - expected_scores).max() <= 1e-5
+                    else:
+                        ok = np.abs(client.embed(texts) - expected).max() <= 1e-5
+                    outcomes.append("exact" if ok else "WRONG")
+                except Exception as error:  # a definite error, with a status
+                    outcomes.append(f"error {getattr(error, 'status', lambda: '?')()}")
+                time.sleep(0.05)
+
+    worker = threading.Thread(target=load)
+    worker.start()
+    try:
+        time.sleep(1)
+        victim = next(pid for instance, pid in supervisor.stubs().items() if instance_model(instance) == stage)
+        healed_before = len(supervisor.healed)
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        went_unready = None
+        while time.monotonic() - killed < RECOVERY_BOUND_S:
+            if went_unready is None and not _ready(server):
+                went_unready = time.monotonic() - killed
+            if len(supervisor.healed) > healed_before and _ready(server):
+                break
+            time.sleep(0.1)
+        recovered = time.monotonic() - killed
+        time.sleep(2)  # answers after the recovery
+    finally:
+        stop.set()
+        worker.join(60)
+    assert supervisor.healed[-1][0] == stage and recovered < RECOVERY_BOUND_S
+    assert went_unready is not None, "readiness never went false while the stage was down"
+    assert "WRONG" not in outcomes and outcomes[-1] == "exact", outcomes[-10:]
+    print(f"\n{stage}: not ready after {went_unready:.1f} s, back after {recovered:.1f} s; "
+          f"{outcomes.count('exact')} exact answers, {len(outcomes) - outcomes.count('exact')} definite errors")
+    assert server.process.poll() is None
