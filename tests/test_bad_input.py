@@ -87,3 +87,49 @@ def test_bad_request_inside_a_dynamic_batch_fails_alone(raw) -> None:
 def test_client_library_rejects_empty_list(http_client) -> None:
     with pytest.raises(ValueError, match="texts is empty"):
         http_client.embed([])
+
+
+def _request(module, client, model: str, inputs: dict[str, np.ndarray], parameters: dict | None = None):
+    tensors = []
+    for name, array in inputs.items():
+        tensor = module.InferInput(name, list(array.shape), "BYTES")
+        tensor.set_data_from_numpy(array)
+        tensors.append(tensor)
+    return client.infer(model, tensors, parameters=parameters)
+
+
+@pytest.mark.parametrize(
+    ("model", "inputs", "parameters", "message"),
+    [
+        ("minilm", {"TEXT": texts("word " * 200_000)}, None, r"limit of 256 tokens"),  # ~1 MB
+        ("minilm", {"TEXT": texts(*(["x"] * 129))}, None, r"batch-size must be <= 128"),
+        ("minilm", {"TEXT": texts("x")}, {"truncate": "SIDEWAYS"}, r"truncate"),
+        ("minilm", {"TEXT": texts("x")}, {"use_activation": "maybe"}, r"use_activation must be true or false"),
+        ("minilm", {"TEXT": texts("x")}, {"max_tokens": -5}, r"max_tokens must be a positive integer"),
+        ("minilm", {"TEXT": texts("[1, 999999999]")}, {"input_format": "token_ids"},
+         r"token ids must be integers"),
+        ("minilm", {"TEXT": texts("not json")}, {"input_format": "token_ids"},
+         r"TEXT item 0 is not a JSON list of integers"),
+        ("no_such_model", {"TEXT": texts("x")}, None, r"unknown model|not found"),
+        ("minilm_score", {"QUERY": np.array([b"a", b"b"], dtype=object),
+                          "DOCUMENTS": np.array([b"x", b"y", b"z"], dtype=object)}, None, r"quer|document"),
+        ("minilm_score", {"QUERY": np.array([b"a"], dtype=object)}, None, r"DOCUMENTS|input"),
+        ("minilm_tokenizer", {"TEXT": texts("[1, -4]")}, {"mode": "detokenize"}, r"tokens must be ids"),
+    ],
+    ids=["1MB-text", "too-many-texts", "bad-truncate", "bad-use-activation", "bad-max-tokens", "bad-token-ids",
+         "token-ids-not-json", "unknown-model", "mismatched-score-lists", "missing-documents", "bad-detokenize"],
+)
+def test_bad_requests_are_named_and_break_nothing(raw, model, inputs, parameters, message) -> None:
+    module, client, _url = raw
+    with pytest.raises(InferenceServerException, match=message) as caught:
+        _request(module, client, model, inputs, parameters)
+    status = str(caught.value.status())
+    assert status in ("400", "404") or "INVALID_ARGUMENT" in status or "NOT_FOUND" in status, status
+    assert_still_serving(module, client)
+
+
+def test_nul_and_unusual_text_is_served(raw) -> None:
+    """NUL is valid UTF-8 inside a BYTES element: served like any text, not an error."""
+    module, client, _url = raw
+    vectors = send(module, client, texts("a\x00b", "\u202etext\u200b", "🙂" * 10), "BYTES")
+    assert vectors.shape == (3, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)

@@ -114,6 +114,14 @@ def test_models_health_metrics(gateway, http) -> None:
     ("/score", {"model": "rampart", "text_1": "a", "text_2": "b"}, 400, "cannot score"),
     ("/classify", {"model": "minilm", "input": "x"}, 400, "not classify"),
     ("/detokenize", {"model": "minilm", "tokens": [-1, 10**9]}, 400, "tokens must be ids"),
+    ("/v1/embeddings", {"model": "minilm", "input": "x", "dimensions": 10**12}, 400, "does not support dimensions"),
+    ("/v1/embeddings", {"model": "../minilm", "input": "x"}, 400, "invalid model name"),
+    ("/v1/embeddings", {"model": "minilm", "input": "x", "truncate_prompt_tokens": -7}, 422,
+     "truncate_prompt_tokens"),
+    ("/v1/embeddings", {"model": "minilm", "input": [10**9]}, 400, "token ids must be integers"),
+    ("/rerank", {"model": "minilm", "query": "q", "documents": []}, 400, "documents is empty"),
+    ("/score", {"model": "minilm", "text_1": ["a", "b"], "text_2": ["x", "y", "z"]}, 400, "quer"),
+    ("/v2/embed", {"model": "minilm", "texts": ["x"], "embedding_types": ["float16"]}, 422, "embedding_types"),
 ])
 def test_errors_have_the_openai_shape(http, path, payload, status, message) -> None:
     response = http.post(path, json=payload)

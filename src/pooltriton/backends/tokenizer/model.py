@@ -106,7 +106,13 @@ class TritonPythonModel:
 
 def _id_rows(texts: list[str]) -> list[list[int]]:
     """Token-id input (input_format=token_ids): each TEXT item is a JSON list of integers."""
-    rows = [json.loads(text) for text in texts]
-    if not all(isinstance(row, list) for row in rows):
-        raise InputError("token_ids input: every TEXT item must be a JSON list of integers")
+    rows = []
+    for index, text in enumerate(texts):
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError:
+            row = None
+        if not isinstance(row, list):
+            raise InputError(f"token_ids input: TEXT item {index} is not a JSON list of integers")
+        rows.append(row)
     return rows
