@@ -7,6 +7,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pooltriton.client import PoolingClient
@@ -41,3 +42,82 @@ def test_stop_leaves_no_crashed_stub_and_no_shared_memory(tmp_path: Path) -> Non
     if before is None:
         pytest.skip("the kernel log (dmesg) cannot be read here: stub crashes not checked")
     assert stub_segfaults() == before, "a Python stub segfaulted while the server stopped (see dmesg)"
+
+
+def test_sigterm_under_load_finishes_in_flight_requests(tmp_path: Path, minilm_st) -> None:
+    """Requests accepted before SIGTERM are answered (exactly) before the server exits cleanly."""
+    import asyncio
+
+    from bench.bench import corpus
+    from pooltriton.client import AsyncPoolingClient
+
+    texts = corpus(32, seed=9)
+    expected = minilm_st.encode(texts, normalize_embeddings=True, batch_size=32)
+    server = start_server(REPOSITORY, tmp_path / "server.log")
+
+    async def run() -> list:
+        async with AsyncPoolingClient(server.grpc_url, retries=1) as client:
+            await client.info("minilm")
+            pending = [asyncio.ensure_future(client.embed(texts)) for _ in range(6)]
+            await asyncio.sleep(1.0)  # all six are inside Triton now, most still queued
+            # What SIGTERM to `pooltriton serve` does: drain (refuse new, finish accepted), then stop.
+            stopping = asyncio.get_running_loop().run_in_executor(None, server.stop)
+            results = await asyncio.gather(*pending, return_exceptions=True)
+            try:
+                await client.embed(["sent while stopping"])
+                late = None
+            except Exception as error:
+                late = error
+            return [results, late, await stopping]
+
+    results, late, code = asyncio.run(run())
+    assert all(not isinstance(r, BaseException) for r in results), results
+    assert all(np.abs(r - expected).max() <= 1e-5 for r in results)
+    assert late is not None  # refused with a definite error, not left hanging
+    assert code == 0
+
+
+def test_client_retries_carry_a_request_across_a_restart(tmp_path: Path) -> None:
+    """The server stops and comes back on the same ports; a request sent while it is down is answered."""
+    import threading
+
+    from tiny_models import build
+
+    from pooltriton.export.build import ExportOptions, export_model
+    from pooltriton.server.assemble import assemble
+    from pooltriton.server.launcher import TritonServer
+
+    from conftest import BACKENDS, free_port
+
+    folder = build(tmp_path / "models", "bert", "embed", sentence_transformers_pooling="mean_tokens")
+    repository = tmp_path / "repository"
+    export_model(folder, ExportOptions(name="tiny", out=repository, runtime="openvino"))
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    first = TritonServer(repository, assemble(BACKENDS), log_file=tmp_path / "first.log", **ports).start()
+    first.wait_ready()
+    for protocol, url in (("grpc", first.grpc_url), ("http", first.http_url)):
+        with PoolingClient(url, protocol=protocol, model="tiny") as client:
+            before = client.embed(["one two three"])
+    assert first.stop() == 0
+    answers: dict[str, object] = {}
+
+    def ask(protocol: str, url: str) -> None:
+        with PoolingClient(url, protocol=protocol, model="tiny") as client:
+            try:
+                answers[protocol] = client.embed(["one two three"])
+            except Exception as error:
+                answers[protocol] = error
+
+    askers = [threading.Thread(target=ask, args=("grpc", first.grpc_url)),
+              threading.Thread(target=ask, args=("http", first.http_url))]
+    for asker in askers:
+        asker.start()  # the server is down: these wait in the client's retries
+    second = TritonServer(repository, assemble(BACKENDS), log_file=tmp_path / "second.log", **ports).start()
+    try:
+        for asker in askers:
+            asker.join(60)
+    finally:
+        second.stop()
+    for protocol in ("grpc", "http"):
+        assert isinstance(answers[protocol], np.ndarray), (protocol, answers[protocol])
+        assert np.abs(answers[protocol] - before).max() <= 1e-6

@@ -16,7 +16,7 @@ import asyncio
 import itertools
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,25 +160,31 @@ class PoolingClient(_Requests):
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
-        tensors, requested = self._send(request)
+    def _retry(self, call: Callable[[], Any]) -> Any:
+        """Every call to the server, retried on UNAVAILABLE (contract.requests.retry_delay)."""
         for attempt in itertools.count():
             try:
-                result = self._client.infer(request.model, tensors, outputs=requested,
-                                            parameters=request.parameters or None, priority=request.priority)
-                return {name: result.as_numpy(name) for name in request.outputs}
+                return call()
             except Exception as error:
                 if (delay := retry_delay(attempt, error, self.retries)) is None:
                     raise
                 time.sleep(delay)
         raise AssertionError("unreachable")
 
+    def infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
+        tensors, requested = self._send(request)
+        result = self._retry(lambda: self._client.infer(request.model, tensors, outputs=requested,
+                                                        parameters=request.parameters or None,
+                                                        priority=request.priority))
+        return {name: result.as_numpy(name) for name in request.outputs}
+
     def info(self, model: str | None = None) -> ModelInfo:
         """Task, outputs and label names of a served ensemble, from its config (cached)."""
         model = model or self.model
         if model not in self._info:
             kwargs = {"as_json": True} if self.protocol == "grpc" else {}
-            self._info[model] = model_info(model, self._config_from(self._client.get_model_config(model, **kwargs)))
+            config = self._retry(lambda: self._client.get_model_config(model, **kwargs))
+            self._info[model] = model_info(model, self._config_from(config))
         return self._info[model]
 
     def encode(self, texts: str | Sequence[str], *, model: str | None = None, task: str | None = None,
@@ -244,24 +250,28 @@ class AsyncPoolingClient(_Requests):
     async def __aexit__(self, *_exc: object) -> None:
         await self.close()
 
-    async def infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
-        tensors, requested = self._send(request)
+    async def _retry(self, call: Callable[[], Awaitable[Any]]) -> Any:
         for attempt in itertools.count():
             try:
-                result = await self._client.infer(request.model, tensors, outputs=requested,
-                                                  parameters=request.parameters or None, priority=request.priority)
-                return {name: result.as_numpy(name) for name in request.outputs}
+                return await call()
             except Exception as error:
                 if (delay := retry_delay(attempt, error, self.retries)) is None:
                     raise
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
+    async def infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
+        tensors, requested = self._send(request)
+        result = await self._retry(lambda: self._client.infer(request.model, tensors, outputs=requested,
+                                                              parameters=request.parameters or None,
+                                                              priority=request.priority))
+        return {name: result.as_numpy(name) for name in request.outputs}
+
     async def info(self, model: str | None = None) -> ModelInfo:
         model = model or self.model
         if model not in self._info:
             kwargs = {"as_json": True} if self.protocol == "grpc" else {}
-            config = self._config_from(await self._client.get_model_config(model, **kwargs))
+            config = self._config_from(await self._retry(lambda: self._client.get_model_config(model, **kwargs)))
             self._info[model] = model_info(model, config)
         return self._info[model]
 

@@ -29,8 +29,10 @@ from pooltriton.contract import (
 from pooltriton.contract.config import read_parameters
 from pooltriton.core.scoring import split_tokens
 
-RETRIES = 4  # attempts on UNAVAILABLE (server starting, overloaded), with exponential backoff
-BACKOFF_S = 0.25
+# Attempts on UNAVAILABLE (server starting or restarting, queue full), with exponential backoff capped
+# at MAX_BACKOFF_S: ~16 s in all, enough to carry a request across a restart of a small repository.
+RETRIES = 8
+BACKOFF_S, MAX_BACKOFF_S = 0.25, 4.0
 
 # KServe over gRPC reports a status code name, over HTTP the HTTP status itself.
 _GRPC_TO_HTTP = {"INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401, "PERMISSION_DENIED": 403, "NOT_FOUND": 404,
@@ -146,7 +148,10 @@ class Failure:
 
 
 def classify(error: Exception) -> Failure:
-    """By status code: gRPC's name (`StatusCode.UNAVAILABLE`) or the HTTP status (`503`)."""
+    """By status code: gRPC's name (`StatusCode.UNAVAILABLE`) or the HTTP status (`503`). A refused or
+    broken connection (the HTTP client raises it as such) is UNAVAILABLE too: the server is not there."""
+    if isinstance(error, ConnectionError):
+        return Failure(503, str(error) or type(error).__name__)
     raw = getattr(error, "status", None)
     code = str(raw() if callable(raw) else raw or "").removeprefix("StatusCode.")
     status = int(code) if code.isdigit() else _GRPC_TO_HTTP.get(code, 500)
@@ -161,4 +166,4 @@ def retry_delay(attempt: int, error: Exception, retries: int = RETRIES) -> float
     `retries` attempts in all."""
     if attempt >= retries - 1 or not classify(error).retryable:
         return None
-    return BACKOFF_S * 2**attempt
+    return min(BACKOFF_S * 2**attempt, MAX_BACKOFF_S)

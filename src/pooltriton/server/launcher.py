@@ -8,6 +8,7 @@ prefix is cleaned up when the server stops.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import secrets
 import signal
@@ -18,9 +19,19 @@ import time
 import urllib.request
 from pathlib import Path
 
-from pooltriton.contract import ADMIN_HEADER, ADMIN_KEY_ENV, RESTRICTED_APIS, admin_headers
+from pooltriton.contract import ADMIN_HEADER, ADMIN_KEY_ENV, RESTRICTED_APIS, admin_headers, stages
+from pooltriton.contract.config import parse_config
 from pooltriton.server.assemble import triton_home
 from pooltriton.server.supervisor import Supervisor
+
+# Accepted requests get this long to finish when the server stops (Kubernetes' default grace period
+# is 30 s; Triton's own exit timeout follows).
+DRAIN_TIMEOUT_S = 20.0
+
+
+def _backend(repository: Path, name: str) -> str:
+    config = repository / name / "config.pbtxt"
+    return parse_config(config).backend if config.is_file() else ""
 
 
 def _die_with_parent() -> None:
@@ -123,9 +134,42 @@ class TritonServer:
             time.sleep(0.5)
         raise TimeoutError(f"tritonserver was not ready within {timeout:.0f}s")
 
-    def stop(self, timeout: float = 30.0) -> int | None:
+    def _admin(self, path: str) -> object:
+        request = urllib.request.Request(f"http://{self.http_url}{path}", data=b"{}", method="POST",
+                                         headers=self.admin_headers())
+        with urllib.request.urlopen(request, timeout=30) as response:
+            body = response.read()
+        return json.loads(body) if body else None
+
+    def drain(self, timeout: float = DRAIN_TIMEOUT_S) -> None:
+        """Stop taking requests and let the accepted ones finish. Triton's own SIGTERM refuses the
+        later steps of ensemble requests already running, so first the public models (plugins and
+        scorers, then ensembles) are unloaded: new requests to them are refused (readiness is false),
+        the ones inside finish, and each is gone once its last request answered."""
+        deadline = time.monotonic() + timeout
+        try:
+            ready = {m["name"] for m in self._admin("/v2/repository/index") if m.get("state") == "READY"}
+            inner = {name for model in ready for name in (stages(model).tokenizer, stages(model).encoder,
+                                                          stages(model).pooler)}
+            public = sorted(ready - inner)
+            # Callers first (scorers and plugins call an ensemble), then the ensembles they call.
+            callers = [name for name in public if _backend(self.repository, name) in ("scorer", "plugin")]
+            for phase in (callers, [name for name in public if name not in callers]):
+                for name in phase:
+                    self._admin(f"/v2/repository/models/{name}/unload")
+                while time.monotonic() < deadline:
+                    states = {m["name"]: m.get("state") for m in self._admin("/v2/repository/index")}
+                    if not any(states.get(name) in ("READY", "UNLOADING") for name in phase):
+                        break
+                    time.sleep(0.2)
+        except OSError:
+            return  # the server is already going: nothing left to drain
+
+    def stop(self, timeout: float = 30.0, drain: bool = True) -> int | None:
         code = None
         if self.process is not None and self.process.poll() is None:
+            if drain:
+                self.drain()
             self.process.send_signal(signal.SIGTERM)
             try:
                 code = self.process.wait(timeout)
