@@ -217,21 +217,6 @@ async def single_text_latency(grpc_url: str, texts: list[str], baseline: Baselin
     return {name: percentiles(values) for name, values in times.items()}
 
 
-def tree_peak_rss_mb(pid: int) -> float:
-    """Peak RSS (VmHWM) summed over a process and its children (Triton + its Python stubs)."""
-    total, pids = 0, [pid]
-    while pids:
-        current = pids.pop()
-        try:
-            status = Path(f"/proc/{current}/status").read_text()
-            total += int(re.search(r"VmHWM:\s+(\d+)", status).group(1))
-            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
-            pids.extend(int(c) for c in children)
-        except (OSError, AttributeError):
-            continue
-    return total / 1024
-
-
 # ---- the run --------------------------------------------------------------------------------------
 def run(repository: Path, out: Path, count: int, concurrencies: list[int], grpc_url: str | None,
         metrics_url: str | None, latency_texts: int = 50, models: tuple[str, ...] = ("minilm",)) -> dict:
@@ -278,7 +263,7 @@ def run(repository: Path, out: Path, count: int, concurrencies: list[int], grpc_
         results["baseline_latency"] = latency.pop("B")
         results["served_latency"] = [{"model": model, **values} for model, values in latency.items()]
         if server is not None:
-            results["peak_rss_mb"] = tree_peak_rss_mb(server.process.pid)
+            results["peak_rss_mb"] = server.memory_mb("VmHWM")
     finally:
         if server is not None:
             server.stop()

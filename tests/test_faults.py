@@ -8,7 +8,6 @@ import os
 import signal
 import threading
 import time
-import urllib.request
 
 import numpy as np
 import pytest
@@ -20,14 +19,6 @@ from conftest import REPOSITORY, start_server
 
 RECOVERY_BOUND_S = 30  # readiness back and exact answers within this, per fault
 QUERY, DOCUMENTS = "A man is eating food.", ["A man is eating a piece of bread.", "A monkey plays drums."]
-
-
-def _ready(server) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +63,9 @@ def test_a_killed_stage_comes_back_by_itself(supervised, minilm_st, stage: str) 
         killed = time.monotonic()
         went_unready = None
         while time.monotonic() - killed < RECOVERY_BOUND_S:
-            if went_unready is None and not _ready(server):
+            if went_unready is None and not server.ready():
                 went_unready = time.monotonic() - killed
-            if len(supervisor.healed) > healed_before and _ready(server):
+            if len(supervisor.healed) > healed_before and server.ready():
                 break
             time.sleep(0.1)
         recovered = time.monotonic() - killed

@@ -22,20 +22,6 @@ SOAK_S = float(os.environ.get("POOLTRITON_SOAK_S", "60"))
 CLIENTS = 64
 
 
-def tree_rss_mb(pid: int) -> float:
-    """Resident memory of a process and all its descendants (tritonserver and its Python stubs)."""
-    total, pids = 0, [pid]
-    while pids:
-        current = pids.pop()
-        try:
-            status = Path(f"/proc/{current}/status").read_text()
-            total += int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
-            pids += [int(c) for c in Path(f"/proc/{current}/task/{current}/children").read_text().split()]
-        except (OSError, StopIteration):
-            continue
-    return total / 1024
-
-
 def shm_bytes(prefix: str) -> int:
     return sum(p.stat().st_size for p in Path("/dev/shm").glob(f"{prefix}*"))
 
@@ -81,7 +67,7 @@ def test_soak_mixed_tasks(soak_server) -> None:
 
             async def sample(deadline: float) -> None:
                 while time.monotonic() < deadline:
-                    samples.append((time.monotonic(), tree_rss_mb(soak_server.process.pid),
+                    samples.append((time.monotonic(), soak_server.memory_mb(),
                                     shm_bytes(soak_server.shm_prefix)))
                     await asyncio.sleep(1)
 

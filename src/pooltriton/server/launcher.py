@@ -181,6 +181,20 @@ class TritonServer:
         self.cleanup_shm()
         return code
 
+    def memory_mb(self, field: str = "VmRSS") -> float:
+        """Memory of tritonserver and all its descendants (the Python stubs), summed from /proc:
+        VmRSS now, VmHWM at its peak."""
+        total, pids = 0, [self.process.pid]
+        while pids:
+            current = pids.pop()
+            try:
+                status = Path(f"/proc/{current}/status").read_text()
+                total += int(next(line.split()[1] for line in status.splitlines() if line.startswith(f"{field}:")))
+                pids += [int(c) for c in Path(f"/proc/{current}/task/{current}/children").read_text().split()]
+            except (OSError, StopIteration):
+                continue
+        return total / 1024
+
     def cleanup_shm(self) -> None:
         """A crashed stub leaves its regions behind; they are ours by prefix."""
         for path in glob.glob(f"/dev/shm/{self.shm_prefix}*"):
