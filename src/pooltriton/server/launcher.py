@@ -134,10 +134,11 @@ class TritonServer:
             time.sleep(0.5)
         raise TimeoutError(f"tritonserver was not ready within {timeout:.0f}s")
 
-    def _admin(self, path: str) -> object:
+    def admin(self, path: str, timeout: float = 30.0) -> object:
+        """POST to one of Triton's restricted APIs (repository index, load, unload) with the admin key."""
         request = urllib.request.Request(f"http://{self.http_url}{path}", data=b"{}", method="POST",
                                          headers=self.admin_headers())
-        with urllib.request.urlopen(request, timeout=30) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             body = response.read()
         return json.loads(body) if body else None
 
@@ -148,7 +149,7 @@ class TritonServer:
         the ones inside finish, and each is gone once its last request answered."""
         deadline = time.monotonic() + timeout
         try:
-            ready = {m["name"] for m in self._admin("/v2/repository/index") if m.get("state") == "READY"}
+            ready = {m["name"] for m in self.admin("/v2/repository/index") if m.get("state") == "READY"}
             inner = {name for model in ready for name in (stages(model).tokenizer, stages(model).encoder,
                                                           stages(model).pooler)}
             public = sorted(ready - inner)
@@ -156,9 +157,9 @@ class TritonServer:
             callers = [name for name in public if _backend(self.repository, name) in ("scorer", "plugin")]
             for phase in (callers, [name for name in public if name not in callers]):
                 for name in phase:
-                    self._admin(f"/v2/repository/models/{name}/unload")
+                    self.admin(f"/v2/repository/models/{name}/unload")
                 while time.monotonic() < deadline:
-                    states = {m["name"]: m.get("state") for m in self._admin("/v2/repository/index")}
+                    states = {m["name"]: m.get("state") for m in self.admin("/v2/repository/index")}
                     if not any(states.get(name) in ("READY", "UNLOADING") for name in phase):
                         break
                     time.sleep(0.2)

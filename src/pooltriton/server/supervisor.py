@@ -15,7 +15,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 # The stub's command line: stub, model path, shm region, sizes..., instance name at this index.
@@ -76,8 +75,8 @@ class Supervisor:
         for model in dead:
             started = time.monotonic()
             print(f"supervisor: a stub of {model} died; reloading it", file=sys.stderr, flush=True)
-            self._repository(model, "unload")
-            self._repository(model, "load")
+            self.server.admin(f"/v2/repository/models/{model}/unload", timeout=300)
+            self.server.admin(f"/v2/repository/models/{model}/load", timeout=300)
             self.healed.append((model, time.monotonic() - started))
             print(f"supervisor: {model} is back ({time.monotonic() - started:.1f} s)", file=sys.stderr, flush=True)
         if dead:
@@ -85,9 +84,3 @@ class Supervisor:
         self.expected = {**{i: p for i, p in self.expected.items() if instance_model(i) not in dead},
                          **{i: p for i, p in current.items() if instance_model(i) in dead}}
         return dead
-
-    def _repository(self, model: str, action: str) -> None:
-        request = urllib.request.Request(f"http://{self.server.http_url}/v2/repository/models/{model}/{action}",
-                                         data=b"{}", method="POST", headers=self.server.admin_headers())
-        with urllib.request.urlopen(request, timeout=300) as response:
-            response.read()
