@@ -27,6 +27,7 @@ from pooltriton.server.supervisor import Supervisor
 # Accepted requests get this long to finish when the server stops (Kubernetes' default grace period
 # is 30 s; Triton's own exit timeout follows).
 DRAIN_TIMEOUT_S = 20.0
+EXIT_TIMEOUT_S = 60
 
 
 def _backend(repository: Path, name: str) -> str:
@@ -94,7 +95,9 @@ class TritonServer:
             # repository API (restricted to the admin key below).
             "--model-control-mode=explicit",
             "--load-model=*",
-            "--exit-timeout-secs=10",
+            # Unloading ~40 stages whose stubs import torch takes over 10 s on 2 busy cores (measured:
+            # "Exit timeout expired" and exit 1 at 10 s); requests were drained before this point.
+            f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             f"--http-restricted-api={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.admin_key}",
             f"--grpc-restricted-protocol={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.admin_key}",
@@ -166,7 +169,7 @@ class TritonServer:
         except OSError:
             return  # the server is already going: nothing left to drain
 
-    def stop(self, timeout: float = 30.0, drain: bool = True) -> int | None:
+    def stop(self, timeout: float = EXIT_TIMEOUT_S + 15, drain: bool = True) -> int | None:
         code = None
         if self.process is not None and self.process.poll() is None:
             if drain:
