@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from pooltriton.backends.common import Counters, ModelArgs, input_array
+from pooltriton.backends.common import CANCELLED, Counters, ModelArgs, input_array, skip_cancelled
 from pooltriton.backends.ragged import TOKEN_BUDGET, RaggedStats, run_ragged
 from pooltriton.contract import INPUT_IDS
 
@@ -44,7 +44,7 @@ class EncoderShim:
         self.stats = RaggedStats()
         self.token_budget = model.integer("ragged_token_budget", TOKEN_BUDGET)
         self.max_width = model.integer("max_length", 0)
-        self.counters = Counters(model.name, ("pooltriton_tokens_total", "pooltriton_padding_tokens_total"))
+        self.counters = Counters(model.name, ("pooltriton_tokens_total", "pooltriton_padding_tokens_total", CANCELLED))
         self.load(model.version_dir / filename, model)
 
     def _run_chunks(self, chunks: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
@@ -54,6 +54,9 @@ class EncoderShim:
         self.counters.close()
 
     def execute(self, requests: list) -> list:
+        return skip_cancelled(requests, self._execute, self.counters)
+
+    def _execute(self, requests: list) -> list:
         batch = [{name: input_array(request, name) for name in self.input_names} for request in requests]
         real, computed = self.stats.real_tokens, self.stats.computed_tokens
         outputs = run_ragged(batch, self._run_chunks, self.per_token, self.pad_values, self.stats,

@@ -55,6 +55,8 @@ from pooltriton.contract import (
 from pooltriton.contract import requests as protocol
 from pooltriton.contract.config import read_parameters
 from pooltriton.contract.requests import ModelInfo, TritonRequest, classify, model_info
+from pooltriton.gateway.disconnect import CancelOnDisconnect
+from pooltriton.gateway.metrics import CLIENT_CLOSED, GatewayMetrics
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -267,7 +269,7 @@ def create_app(triton_url: str, api_key: str | None = None, client: Any | None =
     AsyncPoolingClient to `triton_url`, made when the app starts. `admin_key`: Triton's, for its
     restricted repository index (default: POOLTRITON_ADMIN_KEY)."""
     triton = Triton(triton_url, client, admin_key if admin_key is not None else os.environ.get(ADMIN_KEY_ENV))
-    counters: dict[tuple[str, int], int] = {}
+    metrics = GatewayMetrics()
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -299,10 +301,13 @@ def create_app(triton_url: str, api_key: str | None = None, client: Any | None =
             return JSONResponse(error_body(413, f"request body over {MAX_BODY_BYTES} bytes", "invalid_request_error"),
                                 status_code=413)
         response = await call_next(request)
-        key = (request.url.path, response.status_code)
-        counters[key] = counters.get(key, 0) + 1
-        response.headers["x-process-time-ms"] = f"{(time.monotonic() - started) * 1000:.1f}"
+        seconds = time.monotonic() - started
+        metrics.observe(request.url.path, response.status_code, seconds)
+        response.headers["x-process-time-ms"] = f"{seconds * 1000:.1f}"
         return response
+
+    app.add_middleware(CancelOnDisconnect,
+                       on_cancel=lambda path, seconds: metrics.observe(path, CLIENT_CLOSED, seconds))
 
     @app.exception_handler(APIError)
     async def api_error(_request: Request, error: APIError):
@@ -449,12 +454,8 @@ def create_app(triton_url: str, api_key: str | None = None, client: Any | None =
         return {"prompt": result[DETOKENIZED].reshape(-1)[0].decode("utf-8")}
 
     @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics():
-        lines = ["# HELP pooltriton_gateway_requests_total Requests by route and status.",
-                 "# TYPE pooltriton_gateway_requests_total counter"]
-        lines += [f'pooltriton_gateway_requests_total{{route="{path}",status="{status}"}} {count}'
-                  for (path, status), count in sorted(counters.items())]
-        return "\n".join(lines) + "\n"
+    async def prometheus_metrics():
+        return metrics.render()
 
     return app
 

@@ -76,6 +76,10 @@ class TritonServer:
     def grpc_url(self) -> str:
         return f"localhost:{self.grpc_port}"
 
+    @property
+    def metrics_url(self) -> str:
+        return f"http://localhost:{self.metrics_port}/metrics"
+
     def admin_headers(self, protocol: str = "http") -> dict[str, str]:
         """Headers that open the restricted APIs (statistics, repository index, ...)."""
         return admin_headers(self.admin_key, protocol)
@@ -89,6 +93,8 @@ class TritonServer:
             f"--grpc-port={self.grpc_port}",
             f"--metrics-port={self.metrics_port}",
             "--allow-gpu-metrics=false",
+            # p50/p90/p99 per model (nv_inference_request_summary_us), for dashboards and alerts.
+            "--metrics-config=summary_latencies=true",
             "--pinned-memory-pool-byte-size=0",
             "--strict-readiness=true",
             # Explicit control, every model loaded at start: the supervisor reloads a dead stage over the

@@ -15,7 +15,15 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from pooltriton.backends.common import Counters, ModelArgs, error_response, input_array, request_parameters
+from pooltriton.backends.common import (
+    CANCELLED,
+    Counters,
+    ModelArgs,
+    error_response,
+    input_array,
+    request_parameters,
+    skip_cancelled,
+)
 from pooltriton.contract import (
     ATTENTION_MASK,
     DETOKENIZE,
@@ -42,12 +50,15 @@ class TritonPythonModel:
         )
         self.outputs: list[str] = model.json("outputs", [INPUT_IDS, ATTENTION_MASK])
         self.buckets: list[int] | None = model.json("pad_to_buckets")
-        self.counters = Counters(model.name, ("pooltriton_truncations_total",))
+        self.counters = Counters(model.name, ("pooltriton_truncations_total", CANCELLED))
 
     def finalize(self) -> None:
         self.counters.close()
 
     def execute(self, requests: list) -> list:
+        return skip_cancelled(requests, self._execute, self.counters)
+
+    def _execute(self, requests: list) -> list:
         # Per request: an InputError, finished encodings (token-id input), or texts to encode; all text
         # requests then share one encode_batch call.
         parsed: list = []

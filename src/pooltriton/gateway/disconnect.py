@@ -1,0 +1,60 @@
+"""Stop working for HTTP clients that went away.
+
+uvicorn lets a handler run to its end after the client disconnected; for the gateway that means
+Triton computing embeddings nobody will read. This ASGI middleware watches the connection once the
+request body has been read and cancels the handler when the client disconnects: the handler's gRPC
+call to Triton is cancelled with it, and Triton drops the request from its queues and between
+ensemble steps (the Python stages skip cancelled requests in `execute` too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class CancelOnDisconnect:
+    def __init__(self, app: Any, on_cancel: Callable[[str, float], None]) -> None:
+        self.app = app
+        self.on_cancel = on_cancel  # (path, seconds since the request came)
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        body_read = asyncio.Event()
+
+        async def receive_body() -> dict:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body"):
+                body_read.set()
+            return message
+
+        answered = False
+
+        async def send_noting(message: dict) -> None:
+            nonlocal answered
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                answered = True  # uvicorn's receive() now says "disconnect" too: not a client gone
+
+        async def disconnected() -> None:
+            await body_read.wait()  # before that, the handler itself reads (and would see the disconnect)
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        handler = asyncio.ensure_future(self.app(scope, receive_body, send_noting))
+        watcher = asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait({handler, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if not handler.done() and not answered:
+            handler.cancel()
+            await asyncio.gather(handler, return_exceptions=True)
+            self.on_cancel(scope["path"], time.monotonic() - started)
+            return
+        await handler

@@ -1,0 +1,107 @@
+"""Work for clients that went away is dropped: gRPC clients past their deadline, and HTTP clients of
+the gateway that disconnect (the gateway cancels its gRPC call). Measured on the encoder stage's own
+count of computed texts (Triton's metrics port), against a real server; loopback, bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import httpx
+import numpy as np
+import tritonclient.grpc.aio as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from pooltriton.contract import TEXT
+from pooltriton.contract.requests import text_array
+
+from conftest import running_gateway
+
+REQUESTS, TEXTS = 24, 32  # each ~0.7 s of encoder time here: ~17 s if all were computed
+DEADLINE_S = 0.3
+
+
+def _texts() -> list[str]:
+    from bench.bench import corpus
+
+    return corpus(TEXTS, seed=11)
+
+
+def _encoded(server) -> float:
+    """Texts the minilm encoder has computed so far."""
+    text = httpx.get(server.metrics_url, timeout=10).text
+    match = re.search(r'^nv_inference_count\{model="minilm_encoder",version="1"\} (\S+)$', text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def _settled(server, timeout: float = 60) -> float:
+    """The encoder's count once it stopped moving (the server finished whatever it kept)."""
+    last, deadline = _encoded(server), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = _encoded(server)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def test_grpc_requests_past_their_deadline_are_not_computed(server, grpc_client, minilm_st) -> None:
+    texts = _texts()
+    grpc_client.embed(texts[:1])  # warm
+    before = _settled(server)
+
+    async def flood() -> list[str]:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            async def one() -> str:
+                inputs = [grpcclient.InferInput(TEXT, [TEXTS, 1], "BYTES")]
+                inputs[0].set_data_from_numpy(text_array(texts, batched=True))
+                try:
+                    await client.infer("minilm", inputs, client_timeout=DEADLINE_S)
+                    return "ok"
+                except InferenceServerException as error:
+                    return str(error.status())
+
+            return await asyncio.gather(*(one() for _ in range(REQUESTS)))
+        finally:
+            await client.close()
+
+    outcomes = asyncio.run(flood())
+    assert outcomes.count("StatusCode.DEADLINE_EXCEEDED") >= REQUESTS - 2, outcomes
+    computed = _settled(server) - before
+    # Without cancellation all REQUESTS x TEXTS texts would be computed after their clients left.
+    assert computed <= REQUESTS * TEXTS / 4, (computed, REQUESTS * TEXTS)
+    # ... and the server answers exactly afterwards.
+    np.testing.assert_allclose(grpc_client.embed(texts[:4]), minilm_st.encode(texts[:4], normalize_embeddings=True),
+                               atol=1e-5)
+
+
+def test_gateway_cancels_work_of_disconnected_clients(server, minilm_st) -> None:
+    texts = _texts()
+    with running_gateway(server.grpc_url, admin_key=server.admin_key) as url:
+        httpx.post(f"{url}/v1/embeddings", json={"model": "minilm", "input": texts[:1]}, timeout=60).raise_for_status()
+        before = _settled(server)
+
+        async def flood() -> list[str]:
+            async with httpx.AsyncClient(timeout=DEADLINE_S) as client:
+                async def one() -> str:
+                    try:
+                        await client.post(f"{url}/v1/embeddings", json={"model": "minilm", "input": texts})
+                        return "ok"
+                    except httpx.TimeoutException:
+                        return "gone"  # httpx closes the connection on its timeout
+
+                return await asyncio.gather(*(one() for _ in range(REQUESTS)))
+
+        outcomes = asyncio.run(flood())
+        assert outcomes.count("gone") >= REQUESTS - 2, outcomes
+        computed = _settled(server) - before
+        assert computed <= REQUESTS * TEXTS / 4, (computed, REQUESTS * TEXTS)
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        closed = re.search(r'requests_total\{route="/v1/embeddings",status="499"\} (\d+)', metrics)
+        assert closed and int(closed.group(1)) >= REQUESTS - 2, metrics
+        answer = httpx.post(f"{url}/v1/embeddings", json={"model": "minilm", "input": texts[:4]}, timeout=60).json()
+        vectors = np.array([d["embedding"] for d in answer["data"]])
+        np.testing.assert_allclose(vectors, minilm_st.encode(texts[:4], normalize_embeddings=True), atol=1e-5)
