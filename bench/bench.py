@@ -25,11 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from pooltriton.client.triton import AsyncPoolingClient
-from pooltriton.contract import ADMIN_KEY_ENV, TEXT, admin_headers, stages
+from pooltriton.contract import ADMIN_KEY_ENV, QUEUE_SIZE, QUEUE_TIMEOUT_MS, TEXT, admin_headers, stages
 from pooltriton.contract.config import parse_config
 from pooltriton.contract.requests import TritonRequest
 from pooltriton.core.capabilities import detect
 from pooltriton.export.defaults import exported_defaults
+from pooltriton.export.sizing import queue_size_for
 
 WORDS = (
     "the a of and to in is was for on that with as by at from it an be this are or have not which "
@@ -295,9 +296,23 @@ def table(results: dict) -> str:
     auto = results.get("machine", {}).get("capabilities", {}).get("auto_precision", {}).get("openvino")
     if auto:
         lines.append(f"--precision auto (openvino) on this CPU: {auto}; {_auto_ratio(results, auto)}")
+    lines += queue_sizing(results)
     if "peak_rss_mb" in results:
         lines.append(f"peak RSS of tritonserver and its stubs: {results['peak_rss_mb']:.0f} MB")
     return "\n".join(lines)
+
+
+def queue_sizing(results: dict) -> list[str]:
+    """`--queue-size` from the measured capacity: the most requests a stage clears within the timeout."""
+    lines = []
+    for label, items in (("32-text", results["served"]), ("1-text", results["served_short"])):
+        for item in items[-1:]:  # the highest concurrency: the saturated throughput
+            per_s = item["texts_per_s"] / item["batch"]
+            size = queue_size_for(per_s, QUEUE_TIMEOUT_MS)
+            lines.append(f"queue sizing ({item['model']}, {label} requests): {per_s:.1f} requests/s x "
+                         f"{QUEUE_TIMEOUT_MS / 1000:g} s timeout -> at most --queue-size {size} "
+                         f"(default {QUEUE_SIZE})")
+    return lines
 
 
 def _auto_ratio(results: dict, auto: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,8 @@ def test_benchmark_end_to_end(tmp_path) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "x B" in result.stdout and "Triton minilm, 2 clients x 32" in result.stdout
+    assert re.search(r"queue sizing \(minilm, 32-text requests\): [\d.]+ requests/s x 30 s timeout -> "
+                     r"at most --queue-size \d+", result.stdout), result.stdout
     # The header says what this CPU runs; bf16 is measured where the CPU runs it, and only there.
     capabilities = detect()
     assert f"({capabilities.cpu_class})" in result.stdout and "--precision auto (openvino) on this CPU" in result.stdout

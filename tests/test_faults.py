@@ -18,13 +18,14 @@ from pooltriton.server.supervisor import Supervisor, instance_model
 from conftest import REPOSITORY, start_server
 
 RECOVERY_BOUND_S = 30  # readiness back and exact answers within this, per fault
+WEDGE_DEADLINE_S = 3.0  # the canary's deadline here (an idle server answers one text in milliseconds)
 QUERY, DOCUMENTS = "A man is eating food.", ["A man is eating a piece of bread.", "A monkey plays drums."]
 
 
 @pytest.fixture(scope="module")
 def supervised(tmp_path_factory: pytest.TempPathFactory):
     server = start_server(REPOSITORY, tmp_path_factory.mktemp("faults") / "server.log")
-    supervisor = Supervisor(server, interval_s=0.5).start()
+    supervisor = Supervisor(server, interval_s=0.5, canary_interval_s=1.0, canary_deadline_s=WEDGE_DEADLINE_S).start()
     yield server, supervisor
     supervisor.stop()
     server.stop()
@@ -79,3 +80,31 @@ def test_a_killed_stage_comes_back_by_itself(supervised, minilm_st, stage: str) 
     print(f"\n{stage}: not ready after {went_unready:.1f} s, back after {recovered:.1f} s; "
           f"{outcomes.count('exact')} exact answers, {len(outcomes) - outcomes.count('exact')} definite errors")
     assert server.process.poll() is None
+
+
+def test_a_wedged_stage_is_found_by_the_canary_and_restarted(supervised, minilm_st) -> None:
+    """The encoder's stub stopped (SIGSTOP: alive, never answering): the canary misses its deadline,
+    the supervisor restarts minilm's stages, and exact answers come back without manual action."""
+    server, supervisor = supervised
+    texts = ["one text to embed", "and a second one"]
+    victim = next(pid for instance, pid in supervisor.stubs().items() if instance_model(instance) == "minilm_encoder")
+    healed_before, wedged_before = len(supervisor.healed), len(supervisor.wedged)
+    os.kill(victim, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        while time.monotonic() - stopped < RECOVERY_BOUND_S:
+            if len(supervisor.healed) > healed_before and server.ready() and victim not in supervisor.stubs().values():
+                break
+            time.sleep(0.2)
+        recovered = time.monotonic() - stopped
+    finally:
+        try:
+            os.kill(victim, signal.SIGKILL)  # never leave a stopped stub behind
+        except ProcessLookupError:
+            pass
+    assert supervisor.wedged[wedged_before:] == ["minilm"], supervisor.wedged
+    assert "minilm_encoder" in [model for model, _ in supervisor.healed[healed_before:]]
+    assert recovered < RECOVERY_BOUND_S
+    with PoolingClient(server.grpc_url, protocol="grpc") as client:
+        np.testing.assert_allclose(client.embed(texts), minilm_st.encode(texts, normalize_embeddings=True), atol=1e-5)
+    print(f"\nwedged encoder: found and back after {recovered:.1f} s (canary deadline {WEDGE_DEADLINE_S:g} s)")

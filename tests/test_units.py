@@ -183,3 +183,13 @@ def test_model_facts_are_resolved_once(tmp_path) -> None:
     from pooltriton.export import encoder
 
     assert "model_type" not in Path(encoder.__file__).read_text()  # no second list of families there
+
+
+def test_queue_size_is_what_the_capacity_clears_within_the_timeout() -> None:
+    from pooltriton.export.sizing import queue_size_for
+
+    assert queue_size_for(1.4, 30_000) == 42  # 32-text requests on 2 cores (docs/performance.md)
+    assert queue_size_for(150, 30_000) == 4500
+    assert queue_size_for(0.01, 1000) == 1
+    with pytest.raises(ValueError):
+        queue_size_for(0, 30_000)

@@ -12,6 +12,7 @@ from pooltriton.contract import QUEUE_SIZE, QUEUE_TIMEOUT_MS
 from pooltriton.core.capabilities import AUTO
 from pooltriton.core.runtimes import BF16, CPU, CUDA, FP16, FP32, RUNTIMES, TOLERANCES
 from pooltriton.core.semantics import PoolingType, Task
+from pooltriton.server.supervisor import CANARY_DEADLINE_S, CANARY_INTERVAL_S
 
 
 def _bool(text: str) -> bool:
@@ -103,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--metrics-port", type=int, default=8002)
     serve.add_argument("--gateway-port", type=int, default=8080,
                        help="OpenAI/Cohere/vLLM HTTP gateway port (0: no gateway)")
+    serve.add_argument("--canary-interval-s", type=float, default=CANARY_INTERVAL_S,
+                       help="seconds between canary inferences that find wedged stages (0: none)")
+    serve.add_argument("--canary-deadline-s", type=float, default=CANARY_DEADLINE_S,
+                       help="a canary slower than this restarts the ensemble's stages")
 
     args = parser.parse_args(argv)
     from pooltriton.core.resolve import ResolutionError
@@ -170,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.gateway_port:
             gateway = [sys.executable, "-m", "pooltriton.gateway", "--triton", f"localhost:{args.grpc_port}",
                        "--port", str(args.gateway_port)]
-        return server.run_foreground(companion=gateway)
+        return server.run_foreground(companion=gateway, canary_interval_s=args.canary_interval_s,
+                                     canary_deadline_s=args.canary_deadline_s)
     return 0
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from pooltriton.contract import ADMIN_HEADER, ADMIN_KEY_ENV, RESTRICTED_APIS, admin_headers, stages
 from pooltriton.contract.config import parse_config
 from pooltriton.server.assemble import triton_home
-from pooltriton.server.supervisor import Supervisor
+from pooltriton.server.supervisor import CANARY_DEADLINE_S, CANARY_INTERVAL_S, Supervisor
 
 # Accepted requests get this long to finish when the server stops (Kubernetes' default grace period
 # is 30 s; Triton's own exit timeout follows).
@@ -213,7 +213,8 @@ class TritonServer:
             except OSError:
                 pass
 
-    def run_foreground(self, companion: list[str] | None = None) -> int:
+    def run_foreground(self, companion: list[str] | None = None, canary_interval_s: float = CANARY_INTERVAL_S,
+                       canary_deadline_s: float = CANARY_DEADLINE_S) -> int:
         """Serve until Ctrl-C / SIGTERM, then stop Triton cleanly and return its exit code.
 
         `companion` (the HTTP gateway's command) starts once Triton is ready and stops with it.
@@ -232,7 +233,8 @@ class TritonServer:
         supervisor = None
         while not stop["requested"] and self.process.poll() is None:
             if supervisor is None and self.ready():
-                supervisor = Supervisor(self).start()
+                supervisor = Supervisor(self, canary_interval_s=canary_interval_s,
+                                        canary_deadline_s=canary_deadline_s).start()
             if companion and helper is None and self.ready():
                 helper = subprocess.Popen(companion, preexec_fn=_die_with_parent,
                                           env={**os.environ, ADMIN_KEY_ENV: self.admin_key})

@@ -7,15 +7,34 @@ supervisor watches the stub processes (by the server's shared-memory prefix in t
 When one of a model's stubs is gone it unloads and loads that model again over the repository API:
 while the model is unloaded Triton's strict readiness is false (so are the gateway's `/health` and any
 probe on `/v2/health/ready`), and it is back with fresh stubs within seconds (~3 s for an encoder here).
-A wedged stub that is alive but never answers is not detected (no canary inference yet).
+
+A wedged stage (stub alive, never answering) is found by a canary: every `canary_interval_s` each
+ensemble gets a one-text inference at the highest priority (it overtakes queued work, so it waits for
+at most the batch each stage is executing) with a deadline. When Triton answers that a stub "is not
+healthy" (it pings stubs and gives up on one silent for a second) that stub is killed; when the
+deadline passes, the stubs of all the ensemble's stages are; the watch above then reloads them.
+Overload (UNAVAILABLE) and models being reloaded are not wedges.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import sys
 import threading
 import time
 from pathlib import Path
+
+from pooltriton.contract import TEXT
+from pooltriton.contract.config import parse_config
+from pooltriton.contract.requests import text_array
+
+# A canary waits for at most one executing batch per stage: seconds for 128 long texts on 2 cores.
+CANARY_INTERVAL_S, CANARY_DEADLINE_S = 10.0, 30.0
+CANARY_PRIORITY = 1  # Triton's highest level (contract.PRIORITY_LEVELS)
+# How the Python backend reports a stub that stopped answering its health pings (alive or not).
+_UNHEALTHY = re.compile(r"Stub process '(\w+)' is not healthy")
 
 # The stub's command line: stub, model path, shm region, sizes..., instance name at this index.
 _INSTANCE_ARG = 8
@@ -27,13 +46,16 @@ def instance_model(instance: str) -> str:
 
 
 class Supervisor:
-    def __init__(self, server, interval_s: float = 1.0) -> None:
+    def __init__(self, server, interval_s: float = 1.0, canary_interval_s: float = CANARY_INTERVAL_S,
+                 canary_deadline_s: float = CANARY_DEADLINE_S) -> None:
         self.server = server
         self.interval_s = interval_s
+        self.canary_interval_s, self.canary_deadline_s = canary_interval_s, canary_deadline_s
         self.expected: dict[str, int] = {}  # instance name -> pid
         self.healed: list[tuple[str, float]] = []  # (model, seconds to recover)
+        self.wedged: list[str] = []  # ensembles whose canary missed its deadline
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     def stubs(self) -> dict[str, int]:
         """This server's Python stubs, instance name -> pid."""
@@ -52,14 +74,17 @@ class Supervisor:
 
     def start(self) -> Supervisor:
         self.expected = self.stubs()
-        self._thread = threading.Thread(target=self._run, name="pooltriton-supervisor", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, name="pooltriton-supervisor", daemon=True)]
+        if self.canary_interval_s > 0:
+            self._threads.append(threading.Thread(target=self._canaries, name="pooltriton-canary", daemon=True))
+        for thread in self._threads:
+            thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(30)
+        for thread in self._threads:
+            thread.join(self.canary_deadline_s + 5)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -84,3 +109,60 @@ class Supervisor:
         self.expected = {**{i: p for i, p in self.expected.items() if instance_model(i) not in dead},
                          **{i: p for i, p in current.items() if instance_model(i) in dead}}
         return dead
+
+    def ensembles(self) -> dict[str, list[str]]:
+        """The repository's ensembles -> the stages they run."""
+        found = {}
+        for path in sorted(self.server.repository.glob("*/config.pbtxt")):
+            config = parse_config(path)
+            if config.platform == "ensemble":
+                found[config.name] = [step.model_name for step in config.ensemble_scheduling.step]
+        return found
+
+    def canary(self, model: str) -> set[str] | None:
+        """None when a one-text inference of `model` answered (or was refused for overload or a reload);
+        else the stub instances to restart: the one Triton calls unhealthy (it pings its stubs and names
+        one that stopped answering), or every stage of the ensemble when the deadline passed."""
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        inputs = [grpcclient.InferInput(TEXT, [1, 1], "BYTES")]
+        inputs[0].set_data_from_numpy(text_array(["canary"], batched=True))
+        with grpcclient.InferenceServerClient(self.server.grpc_url) as client:
+            try:
+                client.infer(model, inputs, priority=CANARY_PRIORITY, client_timeout=self.canary_deadline_s)
+                return None
+            except InferenceServerException as error:
+                unhealthy = _UNHEALTHY.search(error.message() or "")
+                if unhealthy:
+                    return {unhealthy.group(1)}
+                if error.status() == "StatusCode.DEADLINE_EXCEEDED":
+                    steps = self.ensembles().get(model, [])
+                    return {i for i in self.stubs() if instance_model(i) in steps}
+                return None
+
+    def check_canaries(self) -> list[str]:
+        """Kill the stubs a failed canary points at (the watch above then reloads their models)."""
+        wedged = []
+        for model in self.ensembles():
+            instances = None if self._stop.is_set() else self.canary(model)
+            if not instances:
+                continue
+            print(f"supervisor: {model} failed its canary (deadline {self.canary_deadline_s:g} s); restarting "
+                  f"{', '.join(sorted(instances))}", file=sys.stderr, flush=True)
+            for instance, pid in self.stubs().items():
+                if instance in instances:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            wedged.append(model)
+        self.wedged += wedged
+        return wedged
+
+    def _canaries(self) -> None:
+        while not self._stop.wait(self.canary_interval_s):
+            try:
+                self.check_canaries()
+            except Exception as error:  # the server is stopping: try again next round
+                print(f"supervisor canary: {error}", file=sys.stderr, flush=True)
