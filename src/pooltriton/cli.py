@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--batching", choices=["ragged", "buckets"], default="ragged",
                         help="ragged: encoder takes mixed lengths (Python shims); buckets: the tokenizer "
                         "pads to fixed lengths so native backends can batch them")
+    export.add_argument("--tensorrt", action="store_true",
+                        help="onnx on cuda: TensorRT as the native onnxruntime backend's accelerator (fp32)")
     export.add_argument("--encoder-threads", type=int, default=2, help="intra-op threads of the encoder")
     export.add_argument("--queue-size", type=int, default=QUEUE_SIZE,
                         help="waiting requests per batched stage; more are rejected at once (UNAVAILABLE / 503)")
@@ -92,22 +94,31 @@ def main(argv: list[str] | None = None) -> int:
     defaults = sub.add_parser("defaults", help="export the default models (skips those up to date)")
     defaults.add_argument("--out", default="model_repository")
     defaults.add_argument("--force", action="store_true", help="re-export even when up to date")
+    defaults.add_argument("--device", choices=[CPU, CUDA], default=CPU,
+                          help="cuda: the repository for the NGC image (onnx on KIND_GPU, buckets), made on a CPU")
+    defaults.add_argument("--tensorrt", action="store_true", help="with --device cuda: TensorRT accelerator")
 
     backends = sub.add_parser("backends", help="assemble the Triton backend directory")
     backends.add_argument("--out", default="build/backends")
+    backends.add_argument("--native", action="store_true",
+                          help="only tokenizer/pooler/scorer/plugin, beside an image's native backends (NGC)")
 
     serve = sub.add_parser("serve", help="run tritonserver in the foreground (Ctrl-C stops it)")
     serve.add_argument("--repository", default="model_repository")
     serve.add_argument("--backends", default="build/backends")
-    serve.add_argument("--http-port", type=int, default=8000)
-    serve.add_argument("--grpc-port", type=int, default=8001)
-    serve.add_argument("--metrics-port", type=int, default=8002)
-    serve.add_argument("--gateway-port", type=int, default=8080,
+    # Ports default to POOLTRITON_<NAME>_PORT, so an image's health check and its command agree.
+    serve.add_argument("--http-port", type=int, default=_port("HTTP", 8000))
+    serve.add_argument("--grpc-port", type=int, default=_port("GRPC", 8001))
+    serve.add_argument("--metrics-port", type=int, default=_port("METRICS", 8002))
+    serve.add_argument("--gateway-port", type=int, default=_port("GATEWAY", 8080),
                        help="OpenAI/Cohere/vLLM HTTP gateway port (0: no gateway)")
     serve.add_argument("--canary-interval-s", type=float, default=CANARY_INTERVAL_S,
                        help="seconds between canary inferences that find wedged stages (0: none)")
     serve.add_argument("--canary-deadline-s", type=float, default=CANARY_DEADLINE_S,
                        help="a canary slower than this restarts the ensemble's stages")
+
+    ready = sub.add_parser("ready", help="exit 0 when the local server is ready (/v2/health/ready): for health checks")
+    ready.add_argument("--http-port", type=int, default=_port("HTTP", 8000))
 
     args = parser.parse_args(argv)
     from pooltriton.core.resolve import ResolutionError
@@ -121,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             returned_token_ids=args.returned_token_ids, convert=args.convert, runtime=args.runtime,
             precision=args.precision, device=args.device,
             matryoshka_dimensions=args.matryoshka_dimensions,
-            batching=args.batching, encoder_threads=args.encoder_threads, tolerance=args.tolerance,
+            batching=args.batching, tensorrt=args.tensorrt, encoder_threads=args.encoder_threads,
+            tolerance=args.tolerance,
             queue_size=args.queue_size, queue_timeout_ms=args.queue_timeout_ms,
             allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code,
         )
@@ -160,11 +172,20 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "defaults":
         from pooltriton.export.defaults import build_defaults
 
-        build_defaults(Path(args.out), force=args.force)
+        build_defaults(Path(args.out), force=args.force, device=args.device, tensorrt=args.tensorrt)
     elif args.command == "backends":
         from pooltriton.server.assemble import assemble
 
-        print(assemble(Path(args.out)))
+        print(assemble(Path(args.out), native=args.native))
+    elif args.command == "ready":
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{args.http_port}/v2/health/ready", timeout=5) as answer:
+                return 0 if answer.status == 200 else 1
+        except OSError as error:
+            print(f"pooltriton ready: not ready ({error})", file=sys.stderr)
+            return 1
     elif args.command == "serve":
         from pooltriton.server.assemble import assemble
         from pooltriton.server.launcher import TritonServer
@@ -178,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
         return server.run_foreground(companion=gateway, canary_interval_s=args.canary_interval_s,
                                      canary_deadline_s=args.canary_deadline_s)
     return 0
+
+
+def _port(name: str, default: int) -> int:
+    return int(os.environ.get(f"POOLTRITON_{name}_PORT", default))
 
 
 def _local(model: str) -> Path:

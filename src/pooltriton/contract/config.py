@@ -47,6 +47,14 @@ class EnsembleStep:
     output_map: dict[str, str]  # the step model's output name -> ensemble tensor name
 
 
+@dataclass(frozen=True)
+class Accelerator:
+    """A GPU execution accelerator of the native onnxruntime backend (e.g. TensorRT)."""
+
+    name: str
+    parameters: dict[str, str] = field(default_factory=dict)
+
+
 @dataclass
 class ModelConfig:
     name: str
@@ -61,6 +69,7 @@ class ModelConfig:
     parameters: dict[str, Any] = field(default_factory=dict)
     ensemble_steps: list[EnsembleStep] = field(default_factory=list)
     default_model_filename: str | None = None
+    gpu_accelerators: list[Accelerator] = field(default_factory=list)
 
     def render(self) -> str:
         lines = [f"name: {_q(self.name)}"]
@@ -79,6 +88,8 @@ class ModelConfig:
             lines.append(
                 f"instance_group [ {{ count: {self.instance_count} kind: {self.instance_kind} }} ]"
             )
+        if self.gpu_accelerators:
+            lines.append(_accelerators(self.gpu_accelerators))
         if self.parameters:
             lines.append(_parameters(self.parameters))
         if self.ensemble_steps:
@@ -91,6 +102,15 @@ class ModelConfig:
         (model_dir / "1").mkdir(parents=True, exist_ok=True)
         (model_dir / "config.pbtxt").write_text(self.render(), encoding="utf-8")
         return model_dir
+
+
+def _accelerators(accelerators: list[Accelerator]) -> str:
+    items = []
+    for accelerator in accelerators:
+        parameters = " ".join(f"parameters {{ key: {_q(k)} value: {_q(v)} }}"
+                              for k, v in accelerator.parameters.items())
+        items.append(f"{{ name: {_q(accelerator.name)} {parameters} }}")
+    return f"optimization {{ execution_accelerators {{ gpu_execution_accelerator: [ {', '.join(items)} ] }} }}"
 
 
 def _q(text: str) -> str:

@@ -37,7 +37,9 @@ class Runtime:
 
 
 RUNTIMES = {
-    "onnx": Runtime("onnx", "onnxruntime", "model.onnx", (FP32,), (CPU,)),
+    # On a GPU (the NGC image's native onnxruntime backend, CUDA execution provider; TensorRT optional)
+    # the same device-independent file: it is exported and verified on the CPU.
+    "onnx": Runtime("onnx", "onnxruntime", "model.onnx", (FP32,), (CPU, CUDA)),
     # Same model.onnx, compiled by OpenVINO: faster fp32 on x86 CPUs and a bf16 path (issue 5).
     "openvino": Runtime("openvino", "openvino", "model.onnx", (FP32, BF16), (CPU,)),
     # Traced on the export device in the export precision (fp16 is the GPU option).

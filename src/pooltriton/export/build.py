@@ -45,7 +45,14 @@ from pooltriton.contract import (
     invalid_model_name,
     stages,
 )
-from pooltriton.contract.config import DynamicBatching, EnsembleStep, ModelConfig, QueuePolicy, Tensor
+from pooltriton.contract.config import (
+    Accelerator,
+    DynamicBatching,
+    EnsembleStep,
+    ModelConfig,
+    QueuePolicy,
+    Tensor,
+)
 from pooltriton.core.capabilities import AUTO, Capabilities, PrecisionError, choose_precision, detect
 from pooltriton.core.resolve import PoolerConfig, ResolutionError, resolve
 from pooltriton.core.runtimes import CPU, CUDA, FP32, RUNTIMES, Runtime
@@ -58,6 +65,8 @@ BUCKETS = (16, 32, 64, 128, 256, 512)
 # ONNX Runtime runs ~20 % faster at 4-16 rows of ~130 tokens than at 64 (activations stay in cache),
 # so chunks stay small (docs/performance.md); a GPU wants big launches.
 RAGGED_TOKEN_BUDGET = {CPU: 2048, CUDA: 32768}
+# fp32 keeps the exported answers; 1 GiB workspace is the onnxruntime backend's documented example.
+TENSORRT = Accelerator("tensorrt", {"precision_mode": "FP32", "max_workspace_size_bytes": str(1 << 30)})
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,8 @@ class ExportOptions:
     # runs natively (pooltriton.core.capabilities); fp32 stays the default, the exact reference.
     precision: str = FP32
     device: str = "cpu"  # or "cuda": KIND_GPU encoder instances (torchscript)
-    batching: str = "ragged"  # or "buckets"
+    batching: str = "ragged"  # or "buckets" (native backends: they cannot take ragged inputs)
+    tensorrt: bool = False  # onnx on cuda: TensorRT as the onnxruntime backend's GPU accelerator
     encoder_threads: int = 2
     ragged_token_budget: int | None = None  # None: RAGGED_TOKEN_BUDGET of the device
     tolerance: float | None = None  # verification bound; None: the precision's default (export.verify)
@@ -109,6 +119,8 @@ class ExportOptions:
         if self.device not in runtime.devices:
             raise ResolutionError(f"the {self.runtime} runtime runs on {'/'.join(runtime.devices)}, "
                                   f"not {self.device}")
+        if self.tensorrt and (self.runtime, self.device) != ("onnx", CUDA):
+            raise ResolutionError("--tensorrt is an accelerator of the onnx runtime on cuda")
         return runtime, replace(self, precision=precision)
 
 
@@ -260,6 +272,7 @@ def pipeline_configs(
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS,
                                          queue=queue),
         instance_kind="KIND_GPU" if options.device == CUDA else "KIND_CPU",
+        gpu_accelerators=[TENSORRT] if options.tensorrt else [],
         # The native backends' own keys, so the config means the same on both servers.
         parameters={**runtime.parameters(options.encoder_threads, options.precision), "pad_token_id": pad_token_id,
                     "max_length": config.max_length,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pooltriton.contract import stages
 from pooltriton.core.capabilities import Capabilities, detect
-from pooltriton.core.runtimes import FP32
+from pooltriton.core.runtimes import CPU, CUDA, FP32
 
 PACKAGE = Path(__file__).resolve().parent.parent
 LAYERS = ("core", "contract", "export")  # the code an export depends on
@@ -74,6 +74,12 @@ DEFAULT_MODELS = (
 )
 
 
+# The GPU repository (the NGC image): the same models on Triton's native onnxruntime backend, KIND_GPU,
+# padded to shared lengths (buckets) since native backends cannot take ragged batches. The ONNX file
+# is device-independent, so it is exported and verified on the CPU: no GPU is needed to build it.
+GPU_OPTIONS = {"runtime": "onnx", "device": CUDA, "batching": "buckets"}
+
+
 def exported_defaults(capabilities: Capabilities | None = None) -> list[str]:
     """The default models this CPU gets (the others are left out, with the reason printed at export)."""
     capabilities = capabilities or detect()
@@ -96,12 +102,16 @@ def _fingerprint(model_dir: Path, options: dict) -> str:
 DEFAULT_PLUGINS = (("minilm_zero_shot", "zero_shot", "pooltriton.examples.zero_shot", "minilm"),)
 
 
-def build_defaults(out: Path, force: bool = False) -> None:
+def build_defaults(out: Path, force: bool = False, device: str = CPU, tensorrt: bool = False) -> None:
     from pooltriton.export.build import ExportOptions, export_model
     from pooltriton.export.plugin import write_plugin
 
     capabilities = detect()
     for model in DEFAULT_MODELS:
+        if device == CUDA:  # fp32 models only: the onnx runtime's precision (TensorRT may lower it)
+            if model.options.get("precision", FP32) != FP32:
+                continue
+            model = DefaultModel(model.name, model.locate, {**model.options, **GPU_OPTIONS, "tensorrt": tensorrt})
         reason = model.unsupported(capabilities)
         if reason is not None:
             stale = [out / stage for stage in stages(model.name) if (out / stage).exists()]

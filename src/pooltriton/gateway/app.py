@@ -480,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pooltriton-gateway", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--triton", default="localhost:8001", help="Triton gRPC address")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default=os.environ.get("POOLTRITON_GATEWAY_HOST", "127.0.0.1"),
+                        help="address to bind (default: POOLTRITON_GATEWAY_HOST or loopback; images bind all)")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--api-key", default=os.environ.get("POOLTRITON_API_KEY"),
                         help="require 'Authorization: Bearer KEY' on every route but /health")

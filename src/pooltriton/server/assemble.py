@@ -27,6 +27,18 @@ def triton_home() -> Path:
     return Path(spec.submodule_search_locations[0]) / "tritonserver"
 
 
+# A tritonserver of the image's own (the NGC image's /opt/tritonserver/bin/tritonserver) instead of
+# the wheel's: `pooltriton serve` then supervises the native server the same way.
+SERVER_ENV = "POOLTRITON_TRITONSERVER"
+
+
+def server_binary() -> Path:
+    import os
+
+    own = os.environ.get(SERVER_ENV)
+    return Path(own) if own else triton_home() / "bin" / "tritonserver"
+
+
 def backend_names() -> list[str]:
     return sorted(p.parent.name for p in SOURCE.glob("*/model.py"))
 
@@ -39,7 +51,20 @@ def _copy(source: Path, target: Path) -> None:
     shutil.copy2(source, target)
 
 
-def assemble(out: Path) -> Path:
+def native_backends() -> set[str]:
+    """The encoder runtimes' backends, which the NGC image has as native C++ backends."""
+    from pooltriton.core.runtimes import RUNTIMES
+
+    return {runtime.backend for runtime in RUNTIMES.values()}
+
+
+def assemble(out: Path, native: bool = False) -> Path:
+    """native=True: for an image with Triton's own python and encoder backends (the NGC image): only
+    our Python-based backends (tokenizer, pooler, scorer, plugin), next to the native ones in `out`."""
+    if native:
+        for name in sorted(set(backend_names()) - native_backends()):
+            _copy(SOURCE / name / "model.py", out / name / "model.py")
+        return out.resolve()
     home = triton_home()
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     python = home / "backends" / "python"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pooltriton.contract import ADMIN_HEADER, ADMIN_KEY_ENV, RESTRICTED_APIS, admin_headers, stages
 from pooltriton.contract.config import parse_config
-from pooltriton.server.assemble import triton_home
+from pooltriton.server.assemble import SERVER_ENV, server_binary, triton_home
 from pooltriton.server.supervisor import CANARY_DEADLINE_S, CANARY_INTERVAL_S, Supervisor
 
 # Accepted requests get this long to finish when the server stops (Kubernetes' default grace period
@@ -86,7 +86,7 @@ class TritonServer:
 
     def command(self) -> list[str]:
         return [
-            str(triton_home() / "bin" / "tritonserver"),
+            str(server_binary()),
             f"--model-repository={self.repository}",
             f"--backend-directory={self.backends}",
             f"--http-port={self.http_port}",
@@ -114,8 +114,9 @@ class TritonServer:
         env = dict(os.environ)
         venv_bin = str(Path(sys.executable).parent)
         env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
-        bundled = Path(triton_home()).parent.parent / "nvidia_pytriton.libs"
-        libdirs = [sysconfig.get_config_var("LIBDIR"), str(bundled), env.get("LD_LIBRARY_PATH", "")]
+        # The wheel's server lost its RPATH when copied; the NGC image's server finds its own libraries.
+        bundled = "" if env.get(SERVER_ENV) else str(Path(triton_home()).parent.parent / "nvidia_pytriton.libs")
+        libdirs = [sysconfig.get_config_var("LIBDIR"), bundled, env.get("LD_LIBRARY_PATH", "")]
         env["LD_LIBRARY_PATH"] = os.pathsep.join(d for d in libdirs if d)
         return env
 
