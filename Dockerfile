@@ -2,7 +2,7 @@
 #   make image-wheelhouse                                    # build/wheelhouse: pinned wheels + pooltriton
 #   docker build --target cpu -t pooltriton:cpu .            # CPU: Debian + Triton 2.51 from the pip wheel
 #   docker build --target gpu -t pooltriton:gpu .            # GPU: the NGC Triton image, native backends
-# (Here: DOCKER_BUILDKIT=0 docker build --network host ...; deploy/README.md has the details.)
+# (Here: DOCKER_BUILDKIT=0 docker build --network host ...; docs/deployment.md has the details.)
 ARG BASE_IMAGE=debian:bookworm-slim
 ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:24.10-py3
 
@@ -50,8 +50,9 @@ RUN /opt/export/bin/pooltriton defaults --device cuda ${TENSORRT:+--tensorrt} --
 FROM ${TRITON_IMAGE} AS gpu
 COPY build/wheelhouse/pooltriton-*.whl /tmp/
 COPY requirements-serve.txt /tmp/
-# The NGC image's Python (3.10) runs our stages: their packages, pinned, from PyPI at build time.
-RUN grep -v -e '^openvino' -e '^nvidia-pytriton' /tmp/requirements-serve.txt > /tmp/requirements-gpu.txt \
+# The NGC image's Python (3.10) runs our stages: their packages, pinned, from PyPI at build time (the
+# encoders run on the native backends: no OpenVINO, ONNX Runtime or pip-installed Triton here).
+RUN grep -v -e '^openvino' -e '^onnxruntime' -e '^nvidia-pytriton' /tmp/requirements-serve.txt > /tmp/requirements-gpu.txt \
     && pip install --no-cache-dir -r /tmp/requirements-gpu.txt \
     && pip install --no-cache-dir --no-deps /tmp/pooltriton-*.whl \
     && pooltriton backends --native --out /opt/tritonserver/backends \

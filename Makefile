@@ -56,7 +56,7 @@ wheelhouse: $(VENV)/.installed
 	du -ch wheelhouse/*.whl | tail -1
 
 # The container image's inputs: every pinned wheel (with dependencies) and pooltriton's own wheel, so
-# that `docker build` needs no network (deploy/README.md).
+# that `docker build` needs no network (docs/deployment.md).
 IMAGE_WHEELHOUSE ?= build/wheelhouse
 image-wheelhouse: $(VENV)/.installed
 	mkdir -p $(IMAGE_WHEELHOUSE)

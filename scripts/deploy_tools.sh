@@ -9,11 +9,12 @@ command -v docker-compose >/dev/null || need+=(docker-compose)
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 command -v promtool >/dev/null || need+=(prometheus)
 [[ ${#need[@]} -eq 0 ]] && exit 0
+mkdir -p build
 if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then
   echo "deploy-tools: missing ${need[*]} (no root/apt-get here): the deployment tests will skip"
   exit 0
 fi
 echo "deploy-tools: installing ${need[*]}"
-{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}"; } \
+{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"; } \
   > build/deploy-tools.log 2>&1 || echo "deploy-tools: apt-get failed (build/deploy-tools.log): those tests will skip"
 exit 0

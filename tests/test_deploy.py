@@ -200,3 +200,38 @@ def test_every_gpu_config_is_triton_configuration_with_native_gpu_encoders(gpu_r
         assert not any(t.allow_ragged_batch for t in config.input), name
     tokenizer = json.loads(dict(configs["minilm_tokenizer"].parameters)["pad_to_buckets"].string_value)
     assert tokenizer and tokenizer == sorted(tokenizer)
+
+
+@pytest.mark.parametrize("profile", ["cpu", "gpu", "monitoring"])
+def test_compose_profiles_are_valid(profile: str) -> None:
+    """The GPU profile cannot run here (no NGC image, no GPU): its file is checked by compose itself."""
+    if shutil.which("docker-compose") is None:
+        pytest.skip("docker-compose is not installed (`make deploy-tools`)")
+    result = subprocess.run(["docker-compose", "--profile", profile, "config"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    for name, service in services.items():
+        assert service.get("network_mode") == "host", name  # loopback ports only (no bridge networks)
+    if profile == "gpu":
+        gpu = services["triton-gpu"]
+        assert gpu["build"]["target"] == "gpu" and gpu["shm_size"]
+        assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+        assert "gateway" in services
+    if profile == "cpu":
+        assert services["triton-cpu"]["build"]["target"] == "cpu" and services["triton-cpu"]["shm_size"]
+
+
+def test_dockerfile_stages() -> None:
+    """The image stages as documented (the CPU one is also built for real in test_image.py)."""
+    text = (ROOT / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM (\S+) AS (\S+)$", text, re.M)
+    # cpu before the GPU stages: a classic builder (no BuildKit) with --target cpu never reaches them.
+    assert stages == [("${BASE_IMAGE}", "export"), ("${BASE_IMAGE}", "cpu"), ("export", "export-gpu"),
+                      ("${TRITON_IMAGE}", "gpu")]
+    assert "ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:24.10-py3" in text
+    assert "ARG BASE_IMAGE=debian:bookworm-slim" in text
+    for stage in ("cpu", "gpu"):
+        body = text.split(f" AS {stage}\n", 1)[1].split("\nFROM ", 1)[0]
+        assert "USER 1000" in body and "HEALTHCHECK" in body and 'ENTRYPOINT ["pooltriton", "serve"' in body, stage
+    assert "--device cuda" in text and "backends --native" in text

@@ -99,6 +99,7 @@ def test_compose_cpu_profile_serves_exact_embeddings(image: str, minilm_st) -> N
            **{f"POOLTRITON_{name}_PORT": str(port) for name, port in ports.items()}}
     shm_before = set(os.listdir("/dev/shm"))
     _compose(project, env, "up", "-d")
+    up = time.monotonic()
     try:
         container = _compose(project, env, "ps", "-q").stdout.split()
         assert len(container) == 1
@@ -108,6 +109,7 @@ def test_compose_cpu_profile_serves_exact_embeddings(image: str, minilm_st) -> N
             assert health in ("starting", "healthy"), _compose(project, env, "logs").stdout[-4000:]
             time.sleep(2)
         assert health == "healthy", _compose(project, env, "logs").stdout[-4000:]
+        print(f"\ncompose cpu profile: healthy {time.monotonic() - up:.0f} s after `up`")
         user = _run("docker", "exec", container[0], "id", "-u").stdout.strip()
         assert user == "1000"
         expected = minilm_st.encode(TEXTS, normalize_embeddings=True)
