@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import yaml
 
@@ -235,3 +236,34 @@ def test_dockerfile_stages() -> None:
         body = text.split(f" AS {stage}\n", 1)[1].split("\nFROM ", 1)[0]
         assert "USER 1000" in body and "HEALTHCHECK" in body and 'ENTRYPOINT ["pooltriton", "serve"' in body, stage
     assert "--device cuda" in text and "backends --native" in text
+
+
+def test_gpu_repository_answers_like_the_cpu_one(gpu_repository: Path, tmp_path: Path, grpc_client) -> None:
+    """The GPU repository's files and bucket padding, served here by the onnxruntime stand-in on the CPU
+    (instances made KIND_CPU, TensorRT dropped: the only edits), answer as the default CPU repository
+    does (whose answers are checked against the references elsewhere): every public model, every task."""
+    from pooltriton.client import PoolingClient
+
+    from conftest import start_server
+
+    repository = tmp_path / "gpu_on_cpu"
+    shutil.copytree(gpu_repository, repository)
+    for config in repository.glob("*/config.pbtxt"):
+        text = re.sub(r"^optimization .*\n", "", config.read_text().replace("KIND_GPU", "KIND_CPU"), flags=re.M)
+        config.write_text(text)
+    texts = ["A man is eating food.", "My name is Jane Doe and my email is jane.doe@example.com.",
+             "A much longer sentence " * 20, "x"]
+    server = start_server(repository, tmp_path / "server.log")
+    try:
+        with PoolingClient(server.grpc_url, protocol="grpc") as gpu:
+            np.testing.assert_allclose(gpu.embed(texts, model="minilm"), grpc_client.embed(texts, model="minilm"),
+                                       atol=1e-5)
+            for model in ("minilm_tokens", "rampart"):
+                served, expected = gpu.encode(texts, model=model), grpc_client.encode(texts, model=model)
+                assert [len(v) for v in served] == [len(v) for v in expected], model  # padding cut off
+                for got, want in zip(served, expected):
+                    np.testing.assert_allclose(got, want, atol=1e-5)
+            np.testing.assert_allclose(gpu.score(texts[0], texts[1:], model="minilm"),
+                                       grpc_client.score(texts[0], texts[1:], model="minilm"), atol=1e-5)
+    finally:
+        assert server.stop() == 0

@@ -269,7 +269,7 @@ def create_app(triton_url: str, api_key: str | None = None, client: Any | None =
     AsyncPoolingClient to `triton_url`, made when the app starts. `admin_key`: Triton's, for its
     restricted repository index (default: POOLTRITON_ADMIN_KEY)."""
     triton = Triton(triton_url, client, admin_key if admin_key is not None else os.environ.get(ADMIN_KEY_ENV))
-    metrics = GatewayMetrics()
+    observed = GatewayMetrics()
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -302,12 +302,12 @@ def create_app(triton_url: str, api_key: str | None = None, client: Any | None =
                                 status_code=413)
         response = await call_next(request)
         seconds = time.monotonic() - started
-        metrics.observe(request.url.path, response.status_code, seconds)
+        observed.observe(request.url.path, response.status_code, seconds)
         response.headers["x-process-time-ms"] = f"{seconds * 1000:.1f}"
         return response
 
     app.add_middleware(CancelOnDisconnect,
-                       on_cancel=lambda path, seconds: metrics.observe(path, CLIENT_CLOSED, seconds))
+                       on_cancel=lambda path, seconds: observed.observe(path, CLIENT_CLOSED, seconds))
 
     @app.exception_handler(APIError)
     async def api_error(_request: Request, error: APIError):
@@ -454,8 +454,8 @@ def create_app(triton_url: str, api_key: str | None = None, client: Any | None =
         return {"prompt": result[DETOKENIZED].reshape(-1)[0].decode("utf-8")}
 
     @app.get("/metrics", response_class=PlainTextResponse)
-    async def prometheus_metrics():
-        return metrics.render()
+    async def metrics():
+        return observed.render()
 
     return app
 
