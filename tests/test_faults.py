@@ -108,3 +108,25 @@ def test_a_wedged_stage_is_found_by_the_canary_and_restarted(supervised, minilm_
     with PoolingClient(server.grpc_url, protocol="grpc") as client:
         np.testing.assert_allclose(client.embed(texts), minilm_st.encode(texts, normalize_embeddings=True), atol=1e-5)
     print(f"\nwedged encoder: found and back after {recovered:.1f} s (canary deadline {WEDGE_DEADLINE_S:g} s)")
+
+
+def test_a_canary_past_its_deadline_restarts_every_stage_of_its_ensemble(supervised, minilm_st) -> None:
+    """The deadline branch: a canary that cannot make its deadline (here 1 ms: no inference can) counts
+    as a wedge of the whole ensemble, whose stages are all restarted and answer exactly again."""
+    server, supervisor = supervised
+    impatient = Supervisor(server, canary_interval_s=0, canary_deadline_s=0.001)
+    steps = impatient.ensembles()["minilm"]
+    before = {i: pid for i, pid in impatient.stubs().items() if instance_model(i) in steps}
+    healed_before = len(supervisor.healed)
+    assert impatient.check_canaries(only={"minilm"}) == ["minilm"]
+    started = time.monotonic()
+    while time.monotonic() - started < RECOVERY_BOUND_S:
+        if {m for m, _ in supervisor.healed[healed_before:]} >= set(steps) and server.ready():
+            break
+        time.sleep(0.2)
+    assert {m for m, _ in supervisor.healed[healed_before:]} >= set(steps), supervisor.healed
+    after = {i: pid for i, pid in impatient.stubs().items() if instance_model(i) in steps}
+    assert set(after) == set(before) and not set(after.values()) & set(before.values())  # all new processes
+    texts = ["one text to embed", "and a second one"]
+    with PoolingClient(server.grpc_url, protocol="grpc") as client:
+        np.testing.assert_allclose(client.embed(texts), minilm_st.encode(texts, normalize_embeddings=True), atol=1e-5)

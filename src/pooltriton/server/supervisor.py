@@ -141,10 +141,13 @@ class Supervisor:
                     return {i for i in self.stubs() if instance_model(i) in steps}
                 return None
 
-    def check_canaries(self) -> list[str]:
-        """Kill the stubs a failed canary points at (the watch above then reloads their models)."""
+    def check_canaries(self, only: set[str] | None = None) -> list[str]:
+        """Kill the stubs a failed canary points at (the watch above then reloads their models).
+        `only`: these ensembles (default: all)."""
         wedged = []
         for model in self.ensembles():
+            if only is not None and model not in only:
+                continue
             instances = None if self._stop.is_set() else self.canary(model)
             if not instances:
                 continue
