@@ -115,7 +115,7 @@ def test_a_canary_past_its_deadline_restarts_every_stage_of_its_ensemble(supervi
     as a wedge of the whole ensemble, whose stages are all restarted and answer exactly again."""
     server, supervisor = supervised
     impatient = Supervisor(server, canary_interval_s=0, canary_deadline_s=0.001)
-    steps = impatient.ensembles()["minilm"]
+    steps = impatient.ensembles["minilm"]
     before = {i: pid for i, pid in impatient.stubs().items() if instance_model(i) in steps}
     healed_before = len(supervisor.healed)
     assert impatient.check_canaries(only={"minilm"}) == ["minilm"]

@@ -18,6 +18,7 @@ Overload (UNAVAILABLE) and models being reloaded are not wedges.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -106,12 +107,16 @@ class Supervisor:
             print(f"supervisor: {model} is back ({time.monotonic() - started:.1f} s)", file=sys.stderr, flush=True)
         if dead:
             current = self.stubs()
+        # A reloaded model's instances as they are now; one already gone again (it died during the
+        # reload) stays expected with no pid, so the next check reloads it once more.
+        reloaded = {i for i in (*self.expected, *current) if instance_model(i) in dead}
         self.expected = {**{i: p for i, p in self.expected.items() if instance_model(i) not in dead},
-                         **{i: p for i, p in current.items() if instance_model(i) in dead}}
+                         **{i: current.get(i, 0) for i in reloaded}}
         return dead
 
+    @functools.cached_property
     def ensembles(self) -> dict[str, list[str]]:
-        """The repository's ensembles -> the stages they run."""
+        """The repository's ensembles -> the stages they run (read once: reloads use the same files)."""
         found = {}
         for path in sorted(self.server.repository.glob("*/config.pbtxt")):
             config = parse_config(path)
@@ -119,47 +124,48 @@ class Supervisor:
                 found[config.name] = [step.model_name for step in config.ensemble_scheduling.step]
         return found
 
-    def canary(self, model: str) -> set[str] | None:
-        """None when a one-text inference of `model` answered (or was refused for overload or a reload);
-        else the stub instances to restart: the one Triton calls unhealthy (it pings its stubs and names
-        one that stopped answering), or every stage of the ensemble when the deadline passed."""
+    def canary(self, model: str) -> dict[str, int]:
+        """Nothing when a one-text inference of `model` answered (or was refused for overload or a reload);
+        else the stubs to restart, as they were when the canary was sent (a stub the watch has replaced
+        since is not touched): the one Triton calls unhealthy (it pings its stubs and names one that
+        stopped answering), or every stage of the ensemble when the deadline passed."""
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException
 
+        sent_to = self.stubs()
         inputs = [grpcclient.InferInput(TEXT, [1, 1], "BYTES")]
         inputs[0].set_data_from_numpy(text_array(["canary"], batched=True))
         with grpcclient.InferenceServerClient(self.server.grpc_url) as client:
             try:
                 client.infer(model, inputs, priority=CANARY_PRIORITY, client_timeout=self.canary_deadline_s)
-                return None
+                return {}
             except InferenceServerException as error:
                 unhealthy = _UNHEALTHY.search(error.message() or "")
                 if unhealthy:
-                    return {unhealthy.group(1)}
+                    return {i: pid for i, pid in sent_to.items() if i == unhealthy.group(1)}
                 if error.status() == "StatusCode.DEADLINE_EXCEEDED":
-                    steps = self.ensembles().get(model, [])
-                    return {i for i in self.stubs() if instance_model(i) in steps}
-                return None
+                    steps = self.ensembles.get(model, [])
+                    return {i: pid for i, pid in sent_to.items() if instance_model(i) in steps}
+                return {}
 
     def check_canaries(self, only: set[str] | None = None) -> list[str]:
-        """Kill the stubs a failed canary points at (the watch above then reloads their models).
-        `only`: these ensembles (default: all)."""
+        """Kill the stubs a failed canary points at (the watch above then reloads their models); returns
+        the ensembles where a live stub was killed. `only`: these ensembles (default: all)."""
         wedged = []
-        for model in self.ensembles():
+        for model in self.ensembles:
             if only is not None and model not in only:
                 continue
-            instances = None if self._stop.is_set() else self.canary(model)
-            if not instances:
-                continue
-            print(f"supervisor: {model} failed its canary (deadline {self.canary_deadline_s:g} s); restarting "
-                  f"{', '.join(sorted(instances))}", file=sys.stderr, flush=True)
-            for instance, pid in self.stubs().items():
-                if instance in instances:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-            wedged.append(model)
+            killed = []
+            for instance, pid in ({} if self._stop.is_set() else self.canary(model)).items():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(instance)
+                except ProcessLookupError:
+                    pass  # already dead: the watch has it
+            if killed:
+                print(f"supervisor: {model} failed its canary (deadline {self.canary_deadline_s:g} s); restarted "
+                      f"{', '.join(sorted(killed))}", file=sys.stderr, flush=True)
+                wedged.append(model)
         self.wedged += wedged
         return wedged
 
