@@ -57,9 +57,9 @@ def main(argv: list[str] | None = None) -> int:
                         "this CPU runs it natively, else fp32 (see `pooltriton capabilities`). A precision the CPU "
                         "cannot run natively is an error")
     export.add_argument("--tolerance", type=float, metavar="T",
-                        help=f"verification bound against PyTorch fp32: fp32 |Δ| <= T x (1 + max |reference|) "
-                        f"(default {TOLERANCES[FP32]:g}); bf16/fp16 cosine mean >= 1 - T, min >= 1 - 4T "
-                        f"(default {TOLERANCES[BF16]:g})")
+                        help="verification bound against PyTorch fp64: fp32 |Δ| <= 8 x fp32's own noise + "
+                        f"T x (1 + max |reference|) (default {TOLERANCES[FP32]:g}); bf16/fp16 cosine mean >= 1 - T, "
+                        f"min >= 1 - 4T (default {TOLERANCES[BF16]:g})")
     export.add_argument("--device", choices=[CPU, CUDA], default=CPU,
                         help="cuda: trace on the GPU and serve from KIND_GPU instances (torchscript)")
     export.add_argument("--batching", choices=["ragged", "buckets"], default="ragged",

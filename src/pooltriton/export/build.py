@@ -177,7 +177,7 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     try:
         export(traced, artefact, config.max_length, options.device)
         del traced
-        progress(f"verifying the {options.runtime} encoder against PyTorch fp32")
+        progress(f"verifying the {options.runtime} encoder against PyTorch (fp64, and fp32 for its own noise)")
         report = verify(encoder, runner(artefact, options.precision, options.device), tokenizer, config,
                         runtime=runtime.backend, precision=options.precision, tolerance=options.tolerance)
     except BaseException as error:
