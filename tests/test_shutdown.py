@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import glob
+import os
 import signal
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tritonclient.utils import InferenceServerException
 
 from pooltriton.client import PoolingClient
 
@@ -44,8 +46,34 @@ def test_stop_leaves_no_crashed_stub_and_no_shared_memory(tmp_path: Path) -> Non
     assert stub_segfaults() == before, "a Python stub segfaulted while the server stopped (see dmesg)"
 
 
-def test_sigterm_under_load_finishes_in_flight_requests(tmp_path: Path, minilm_st) -> None:
-    """Requests accepted before SIGTERM are answered (exactly) before the server exits cleanly."""
+def _minilm_repository(folder: Path, threads: int) -> Path:
+    """The default minilm pipeline alone, its encoder on `threads` threads (a slow and a fast server)."""
+    import shutil
+
+    for stage in ("minilm", "minilm_tokenizer", "minilm_encoder", "minilm_pooler"):
+        shutil.copytree(REPOSITORY / stage, folder / stage)
+    config = folder / "minilm_encoder" / "config.pbtxt"
+    text = config.read_text()
+    old = '{ key: "INFERENCE_NUM_THREADS" value: { string_value: "2" } }'
+    assert old in text
+    config.write_text(text.replace(old, f'{{ key: "INFERENCE_NUM_THREADS" value: {{ string_value: "{threads}" }} }}'))
+    return folder
+
+
+def _executed(server, model: str) -> int:
+    """Requests `model` has answered successfully so far (Triton's statistics)."""
+    import httpx
+
+    stats = httpx.get(f"http://{server.http_url}/v2/models/{model}/stats", headers=server.admin_headers(),
+                      timeout=5).json()
+    return int(stats["model_stats"][0]["inference_stats"]["success"]["count"])
+
+
+@pytest.mark.parametrize("threads", [1, os.cpu_count() or 2], ids=["slow", "fast"])
+def test_sigterm_under_load_finishes_in_flight_requests(tmp_path: Path, minilm_st, threads: int) -> None:
+    """Requests accepted before SIGTERM are answered (exactly) before the server exits cleanly, and a
+    request sent once the drain began is refused. Ordered by what the server shows (requests held by
+    the encoder, the ensemble no longer ready), not by sleeping, so a fast and a slow server agree."""
     import asyncio
 
     from bench.bench import corpus
@@ -53,28 +81,53 @@ def test_sigterm_under_load_finishes_in_flight_requests(tmp_path: Path, minilm_s
 
     texts = corpus(32, seed=9)
     expected = minilm_st.encode(texts, normalize_embeddings=True, batch_size=32)
-    server = start_server(REPOSITORY, tmp_path / "server.log")
+    repository = _minilm_repository(tmp_path / "repository", threads)
+    server = start_server(repository, tmp_path / "server.log")
+
+    async def until(condition, what: str, timeout: float = 60.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not await asyncio.to_thread(condition):
+            assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.005)
 
     async def run() -> list:
         async with AsyncPoolingClient(server.grpc_url, retries=1) as client:
             await client.info("minilm")
             pending = [asyncio.ensure_future(client.embed(texts)) for _ in range(6)]
-            await asyncio.sleep(1.0)  # all six are inside Triton now, most still queued
+            # Accepted: every request has passed the tokenizer stage (and so is inside the ensemble).
+            await until(lambda: _executed(server, "minilm_tokenizer") >= 6, "six requests inside the ensemble")
             # What SIGTERM to `pooltriton serve` does: drain (refuse new, finish accepted), then stop.
             stopping = asyncio.get_running_loop().run_in_executor(None, server.stop)
-            results = await asyncio.gather(*pending, return_exceptions=True)
+            await until(lambda: not _model_ready(server, "minilm"), "the drain to start")
+            unfinished_at_drain = sum(not future.done() for future in pending)
             try:
                 await client.embed(["sent while stopping"])
                 late = None
             except Exception as error:
                 late = error
-            return [results, late, await stopping]
+            results = await asyncio.gather(*pending, return_exceptions=True)
+            return [results, unfinished_at_drain, late, await stopping]
 
-    results, late, code = asyncio.run(run())
+    try:
+        results, unfinished_at_drain, late, code = asyncio.run(run())
+    finally:
+        server.stop()
+    assert unfinished_at_drain >= 1  # the drain really met requests in flight
     assert all(not isinstance(r, BaseException) for r in results), results
     assert all(np.abs(r - expected).max() <= 1e-5 for r in results)
-    assert late is not None  # refused with a definite error, not left hanging
+    assert isinstance(late, InferenceServerException), late  # refused with a definite error, not left hanging
     assert code == 0
+
+
+def _model_ready(server, model: str) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/ready", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def test_client_retries_carry_a_request_across_a_restart(tmp_path: Path) -> None:
