@@ -57,11 +57,27 @@ def test_cli_errors_are_clear(server, command, message) -> None:
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("command", [
-    ["tokenize", "hello world"], ["rerank", "A man eats.", "Someone eats.", "A monkey."],
-    ["score", "A man eats.", "Someone eats."], ["encode", "--model", "rampart", "Mail john@example.com"],
-])
-def test_cli_commands(server, command) -> None:
-    out = subprocess.run([sys.executable, "-m", "pooltriton.client", "--url", server.http_url, *command],
-                         check=True, capture_output=True, text=True).stdout
-    assert json.loads(out)["model"] == "minilm" or "rampart" in command
+def test_cli_commands(server, http_client, minilm_st) -> None:
+    """Each command prints what it names: the model's token ids, cosine scores and their ranking, and
+    the raw per-token output the library client returns."""
+
+    def cli(*command: str) -> dict:
+        return json.loads(subprocess.run([sys.executable, "-m", "pooltriton.client", "--url", server.http_url,
+                                          *command], check=True, capture_output=True, text=True).stdout)
+
+    out = cli("tokenize", "hello world")
+    assert out == {"model": "minilm", "data": [{"index": 0, "tokens": minilm_st.tokenizer("hello world")["input_ids"]}]}
+    query, documents = "A man eats.", ["A monkey.", "Someone eats."]
+    vectors = minilm_st.encode([query, *documents], normalize_embeddings=True)
+    cosines = vectors[1:] @ vectors[0]
+    out = cli("score", query, *documents)
+    assert np.abs(np.array([row["score"] for row in out["data"]]) - cosines).max() <= 1e-5
+    out = cli("rerank", query, *documents)
+    order = [int(i) for i in np.argsort(-cosines)]
+    assert [r["index"] for r in out["results"]] == order
+    assert [r["document"] for r in out["results"]] == [documents[i] for i in order]
+    assert np.abs(np.array([r["relevance_score"] for r in out["results"]]) - cosines[order]).max() <= 1e-5
+    out = cli("encode", "--model", "rampart", "Mail john@example.com")
+    expected = http_client.encode(["Mail john@example.com"], model="rampart")[0]
+    got = np.array(out["data"][0]["data"])
+    assert out["model"] == "rampart" and got.shape == expected.shape and np.abs(got - expected).max() <= 1e-6

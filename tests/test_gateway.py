@@ -101,7 +101,17 @@ def test_models_health_metrics(gateway, http) -> None:
     models = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
     assert models["minilm"]["task"] == "embed" and models["rampart"]["task"] == "token_classify"
     assert httpx.get(f"{gateway}/health").status_code == 200  # no API key needed
-    assert "pooltriton_gateway_requests_total" in http.get("/metrics").text
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def listed() -> float:
+        families = text_string_to_metric_families(http.get("/metrics").text)
+        return sum(s.value for f in families for s in f.samples if s.name == "pooltriton_gateway_requests_total"
+                   and s.labels == {"route": "/v1/models", "status": "200"})
+
+    before = listed()
+    for _ in range(3):
+        http.get("/v1/models")
+    assert listed() == before + 3
 
 
 @pytest.mark.parametrize(("path", "payload", "status", "message"), [

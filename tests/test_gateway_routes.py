@@ -190,3 +190,48 @@ def test_unavailable_from_a_server_that_is_not_ready_is_503(http, fake) -> None:
     fake.server.ready = False
     response = http.post("/v1/embeddings", json={"model": "emb", "input": "busy"})
     assert response.status_code == 503 and "retry-after" not in response.headers
+
+
+def _samples(text: str) -> dict[tuple[str, tuple], float]:
+    """The exposition parsed by prometheus_client's own parser (it raises on an invalid one)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_count_by_route_template_with_bounded_series(http) -> None:
+    """10,000 distinct unknown paths (a scanner) add no series; a path with a quote and a newline still
+    leaves a valid exposition; known routes are counted by their template, status by status."""
+    import asyncio
+
+    async def scan(count: int) -> set[int]:  # straight through ASGI: 10,000 requests in seconds
+        statuses = set()
+        for i in range(count):
+            scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+                     "scheme": "http", "path": f"/scan/{i}", "raw_path": f"/scan/{i}".encode(),
+                     "query_string": b"", "headers": [], "client": ("127.0.0.1", 1), "server": ("test", 80)}
+            sent = []
+
+            async def receive() -> dict:
+                return {"type": "http.request", "body": b"", "more_body": False}
+
+            async def send(message: dict, sent=sent) -> None:
+                sent.append(message)
+
+            await http.app(scope, receive, send)
+            statuses.add(sent[0]["status"])
+        return statuses
+
+    assert asyncio.run(scan(10_000)) == {404}
+    assert http.get("/x%22y%0Az").status_code == 404  # the path holds a quote and a newline
+    assert http.post("/v1/embeddings", json={"model": "emb", "input": "x"}).status_code == 200
+    assert http.post("/v1/embeddings", json={"model": "nope", "input": "x"}).status_code == 404
+    samples = _samples(http.get("/metrics").text)
+    requests = "pooltriton_gateway_requests_total"
+    assert samples[(requests, (("route", "unmatched"), ("status", "404")))] == 10_001
+    assert samples[(requests, (("route", "/v1/embeddings"), ("status", "200")))] == 1
+    assert samples[(requests, (("route", "/v1/embeddings"), ("status", "404")))] == 1
+    duration = "pooltriton_gateway_request_duration_seconds_count"
+    assert samples[(duration, (("route", "unmatched"),))] == 10_001
+    assert len(samples) < 100

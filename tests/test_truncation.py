@@ -35,19 +35,29 @@ def test_invalid_truncate_value(client) -> None:
         client.embed(["hello"], truncate="MIDDLE")
 
 
-def test_custom_metrics_count_tokens_padding_and_truncations(server, http_client) -> None:
+def test_custom_metrics_count_tokens_padding_and_truncations(server, http_client, minilm_st) -> None:
+    """Each counter moves by exactly what one request did: one truncation, its real tokens, and the
+    padding of the chunks the ragged planner makes of its rows."""
     import re
     import urllib.request
 
-    http_client.embed([LONG], truncate="END")
-    http_client.embed(["short", "a somewhat longer text here"])
-    text = urllib.request.urlopen(f"http://localhost:{server.metrics_port}/metrics").read().decode()
+    from pooltriton.backends.ragged import plan_chunks
 
     def value(name: str, model: str) -> float:
+        text = urllib.request.urlopen(f"http://localhost:{server.metrics_port}/metrics").read().decode()
         match = re.search(rf'^{name}{{model="{model}"}} ([0-9.e+]+)$', text, re.MULTILINE)
-        assert match, f"{name} for {model} missing"
-        return float(match.group(1))
+        return float(match.group(1)) if match else 0.0
 
-    assert value("pooltriton_truncations_total", "minilm_tokenizer") >= 1
-    assert value("pooltriton_tokens_total", "minilm_encoder") >= 256
-    assert value("pooltriton_padding_tokens_total", "minilm_encoder") >= 0
+    counters = [("pooltriton_truncations_total", "minilm_tokenizer"), ("pooltriton_tokens_total", "minilm_encoder"),
+                ("pooltriton_padding_tokens_total", "minilm_encoder")]
+    before = [value(*counter) for counter in counters]
+    http_client.embed([LONG], truncate="END")
+    texts = ["short", "a somewhat longer text here"]
+    http_client.embed(texts)
+    after = [value(*counter) for counter in counters]
+    lengths = np.array([len(minilm_st.tokenizer(t)["input_ids"]) for t in texts])
+    chunks = plan_chunks(lengths)
+    padding = sum(len(chunk) * int(lengths[chunk].max()) for chunk in chunks) - int(lengths.sum())
+    assert after[0] - before[0] == 1
+    assert after[1] - before[1] == 256 + lengths.sum()
+    assert after[2] - before[2] == padding > 0

@@ -180,9 +180,31 @@ def test_model_facts_are_resolved_once(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "num_labels": 2,
                                                       "architectures": ["BertForSequenceClassification"]}))
     assert resolve(tmp_path).self_pooling_head
-    from pooltriton.export import encoder
 
-    assert "model_type" not in Path(encoder.__file__).read_text()  # no second list of families there
+
+def test_the_encoder_wrapper_obeys_the_resolved_causal_flag(tmp_path) -> None:
+    """The wrapper takes causality from the resolved config, not from a list of families of its own:
+    the same BERT weights wrapped as causal attend only backwards (the first token cannot see the
+    rest, so changing a later token leaves it alone), and bidirectionally otherwise."""
+    import dataclasses
+
+    import torch
+    from tiny_models import build
+
+    from pooltriton.export.encoder import load_encoder
+
+    folder = build(tmp_path, "bert", "embed")
+    config = dataclasses.replace(resolve(folder, pooling_type="CLS"), causal=False)
+    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 9]])
+    mask = torch.ones_like(ids)
+    outputs = {}
+    for causal in (False, True):
+        encoder = load_encoder(folder, dataclasses.replace(config, causal=causal))
+        assert encoder.causal is causal
+        with torch.no_grad():
+            outputs[causal] = encoder(ids, mask, *([torch.zeros_like(ids)] if len(encoder.input_names) > 2 else []))
+    assert torch.allclose(outputs[True][0], outputs[True][1])  # CLS of a causal model: token 0 sees only itself
+    assert not torch.allclose(outputs[False][0], outputs[False][1])
 
 
 def test_queue_size_is_what_the_capacity_clears_within_the_timeout() -> None:

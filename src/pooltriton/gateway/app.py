@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, Field
 from tritonclient.utils import InferenceServerException
 
@@ -57,6 +57,7 @@ from pooltriton.contract.config import read_parameters
 from pooltriton.contract.requests import ModelInfo, TritonRequest, classify, model_info
 from pooltriton.gateway.disconnect import CancelOnDisconnect
 from pooltriton.gateway.metrics import CLIENT_CLOSED, GatewayMetrics
+from pooltriton.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -302,12 +303,12 @@ def create_app(triton_url: str, api_key: str | None = None, client: Any | None =
                                 status_code=413)
         response = await call_next(request)
         seconds = time.monotonic() - started
-        observed.observe(request.url.path, response.status_code, seconds)
+        observed.observe(request.scope, response.status_code, seconds)
         response.headers["x-process-time-ms"] = f"{seconds * 1000:.1f}"
         return response
 
     app.add_middleware(CancelOnDisconnect,
-                       on_cancel=lambda path, seconds: observed.observe(path, CLIENT_CLOSED, seconds))
+                       on_cancel=lambda scope, seconds: observed.observe(scope, CLIENT_CLOSED, seconds))
 
     @app.exception_handler(APIError)
     async def api_error(_request: Request, error: APIError):
@@ -455,7 +456,7 @@ def create_app(triton_url: str, api_key: str | None = None, client: Any | None =
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics():
-        return observed.render()
+        return Response(observed.render(), media_type=METRICS_CONTENT_TYPE)
 
     return app
 

@@ -18,7 +18,7 @@ from typing import Any
 class CancelOnDisconnect:
     def __init__(self, app: Any, on_cancel: Callable[[str, float], None]) -> None:
         self.app = app
-        self.on_cancel = on_cancel  # (path, seconds since the request came)
+        self.on_cancel = on_cancel  # (ASGI scope, seconds since the request came)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -55,6 +55,6 @@ class CancelOnDisconnect:
         if not handler.done() and not answered:
             handler.cancel()
             await asyncio.gather(handler, return_exceptions=True)
-            self.on_cancel(scope["path"], time.monotonic() - started)
+            self.on_cancel(scope, time.monotonic() - started)
             return
         await handler
