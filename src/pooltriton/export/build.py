@@ -146,6 +146,7 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     # Heavy imports here, so `pooltriton inspect` and `--help` stay fast.
     from pooltriton.core.tokenization import TextTokenizer
     from pooltriton.export.encoder import load_encoder, output_width
+    from pooltriton.export.reference import load_reference
     from pooltriton.export.verify import VerificationError, exporter, verify
 
     runtime, options = options.check(detect())
@@ -177,9 +178,11 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     try:
         export(traced, artefact, config.max_length, options.device)
         del traced
-        progress(f"verifying the {options.runtime} encoder against PyTorch (fp64, and fp32 for its own noise)")
-        report = verify(encoder, runner(artefact, options.precision, options.device), tokenizer, config,
-                        runtime=runtime.backend, precision=options.precision, tolerance=options.tolerance)
+        reference = load_reference(model_dir, config, options.allow_pickle, options.trust_remote_code)
+        progress(f"verifying the {options.runtime} encoder against {reference.description}")
+        report = verify(reference, runner(artefact, options.precision, options.device), tokenizer, config,
+                        encoder.input_names, runtime=runtime.backend, precision=options.precision,
+                        tolerance=options.tolerance)
     except BaseException as error:
         # Nothing half-made stays in the repository for a server to load.
         for stage in names:

@@ -20,8 +20,7 @@ from pooltriton.core.resolve import PoolerConfig, ResolutionError
 from pooltriton.core.semantics import PoolingType, Task
 from pooltriton.export.pooling import get_pooler
 
-# fp64 is never exported: it is the reference that measures fp32's own rounding (export.verify).
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class PoolingEncoder(nn.Module):
@@ -38,8 +37,7 @@ class PoolingEncoder(nn.Module):
         self.compute_dtype = torch.float32
 
     def to_precision(self, precision: str, device: str = "cpu") -> PoolingEncoder:
-        """Weights and mask in `precision` on `device`; the output stays fp32 (the configs say FP32),
-        except for the fp64 reference."""
+        """Weights and mask in `precision` on `device`; the output stays fp32 (the configs say FP32)."""
         self.compute_dtype = DTYPES[precision]
         return self.to(device=device, dtype=self.compute_dtype)
 
@@ -62,13 +60,10 @@ class PoolingEncoder(nn.Module):
             kwargs["use_cache"] = False
         output = self.network(**kwargs)
         if self.returns_logits:
-            return self._output(output.logits)
+            return output.logits.float()
         states = output.last_hidden_state
         pooled = self.pool(states, attention_mask) if self.pool is not None else states
-        return self._output(self.head(pooled) if self.head is not None else pooled)
-
-    def _output(self, values: torch.Tensor) -> torch.Tensor:
-        return values.double() if self.compute_dtype == torch.float64 else values.float()
+        return (self.head(pooled) if self.head is not None else pooled).float()
 
 
 def load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: bool = False,

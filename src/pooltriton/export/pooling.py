@@ -19,12 +19,10 @@ class ClsPool(nn.Module):
 
 class MeanPool(nn.Module):
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        # Summed in fp32 also when the encoder runs in bf16/fp16 (a 512-token sum loses digits); the
-        # fp64 reference keeps fp64.
-        dtype = torch.promote_types(hidden.dtype, torch.float32)
-        weights = mask.unsqueeze(-1).to(dtype)
+        # Summed in fp32 also when the encoder runs in bf16/fp16 (a 512-token sum loses digits).
+        weights = mask.unsqueeze(-1).to(torch.float32)
         # Same clamp as sentence-transformers, so an all-padding row cannot divide by zero.
-        return (hidden.to(dtype) * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+        return (hidden.float() * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
 
 
 class LastPool(nn.Module):

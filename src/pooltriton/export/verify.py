@@ -1,8 +1,7 @@
-"""Check the exported encoder against the PyTorch module it came from (in fp64), and record the error."""
+"""Check the exported encoder against the user's own library (export.reference), and record the error."""
 
 from __future__ import annotations
 
-import copy
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,9 +26,10 @@ from pooltriton.core.runtimes import (
 from pooltriton.core.semantics import Truncation
 from pooltriton.core.tokenization import TextTokenizer
 from pooltriton.export.encoder import PoolingEncoder, export_onnx, export_torchscript
+from pooltriton.export.reference import Reference
 
-# Bounds. The truth is the same module in fp64. fp32: every raw output value of the export is within
-# NOISE_MULTIPLE x fp32's own rounding on that batch (PyTorch fp32 against fp64, measured on this CPU,
+# Bounds. The truth is the reference (export.reference) in fp64. fp32: every raw output value of the export
+# is within NOISE_MULTIPLE x fp32's own rounding on that batch (the reference in fp32 against fp64 on this CPU,
 # so wider SIMD and another summation order move the bound with the kernels) plus a floor of
 # T x (1 + the largest |value| of the batch's reference) (pooltriton.core.runtimes.TOLERANCES; a fixed
 # relative bound alone sat at the edge of fp32 itself: 1.1e-5 measured on logits near 490 on an AVX-512
@@ -53,9 +53,9 @@ class VerificationError(RuntimeError):
 
 def bound_text(precision: str, tolerance: float) -> str:
     if precision == FP32:
-        return (f"max |Δ| to PyTorch fp64 <= {NOISE_MULTIPLE} x PyTorch fp32's own max |Δ| + {tolerance:g} x "
-                f"(1 + max |reference|) per batch")
-    return f"cosine to PyTorch fp64 mean >= {1 - tolerance:.6g}, min >= {1 - 4 * tolerance:.6g}"
+        return (f"max |Δ| to the reference in fp64 <= {NOISE_MULTIPLE} x the reference's own fp32 max |Δ| + "
+                f"{tolerance:g} x (1 + max |reference|) per batch")
+    return f"cosine to the reference in fp64 mean >= {1 - tolerance:.6g}, min >= {1 - 4 * tolerance:.6g}"
 
 
 @dataclass
@@ -72,13 +72,14 @@ class Report:
     executed_precision: str = FP32  # what the runtime compiled, read back from it
     bound: str = ""
     capabilities: dict = field(default_factory=dict)  # the exporting machine's (pooltriton.core.capabilities)
-    max_fp32_noise: float = 0.0  # PyTorch fp32 against fp64: the reference's own rounding on these batches
+    max_fp32_noise: float = 0.0  # the reference in fp32 against fp64: its own rounding on these batches
     noise_multiple: float = NOISE_MULTIPLE
+    reference: str = ""  # what the export was compared with
 
     def table(self) -> str:
         """The report as a short table (printed at export)."""
-        rows = [f"verification of the {self.runtime} encoder against PyTorch fp64: asked {self.precision}, "
-                f"ran {self.executed_precision}; bound: {self.bound}",
+        rows = [f"verification of the {self.runtime} encoder against {self.reference} in fp64: asked "
+                f"{self.precision}, ran {self.executed_precision}; bound: {self.bound}",
                 f"  {'batch':>5} {'tokens':>6} {'max |Δ|':>9} {'fp32 noise':>10} {'allowed':>9} {'min cos':>10}"]
         for case in self.cases:
             allowed = f"{case['allowed_abs_error']:.2e}" if self.precision == FP32 else "-"
@@ -105,33 +106,36 @@ def verification_batches(max_length: int) -> list[list[str]]:
 
 
 def verify(
-    encoder: PoolingEncoder,
+    reference: Reference,
     runner: Runner,
     tokenizer: TextTokenizer,
     config: PoolerConfig,
+    input_names: tuple[str, ...],
     runtime: str,
     precision: str = FP32,
     tolerance: float | None = None,
 ) -> Report:
-    """Run the export, PyTorch fp32 and PyTorch fp64 on the same padded batches; token outputs are
-    compared at real tokens only. `encoder` is the fp32 module; the exported one may run in reduced
+    """Run the export on padded batches and the reference (the user's library, in fp64 and fp32) on
+    each text alone; token outputs are compared at real tokens only. The export may run in reduced
     precision, and must run in the precision asked for (read back from the runtime, so a silent fp32
     fallback is caught)."""
     tolerance = TOLERANCES[precision] if tolerance is None else tolerance
-    reference = copy.deepcopy(encoder).to_precision("fp64")
     cases, cosines, within = [], [], True
     for texts in verification_batches(config.max_length):
         batch = tokenizer(texts, Truncation.END)
         feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
                  "token_type_ids": batch.token_type_ids}
-        feeds = {name: feeds[name] for name in encoder.input_names}
-        tensors = [torch.from_numpy(feeds[n]) for n in encoder.input_names]
-        with torch.no_grad():
-            expected, fp32 = reference(*tensors).numpy(), encoder(*tensors).numpy().astype(np.float64)
+        feeds = {name: feeds[name] for name in input_names}
+        expected = _stack(reference.run(feeds, torch.float64))
+        fp32 = _stack(reference.run(feeds, torch.float32))
         got = runner.run(feeds).astype(np.float64)
         if config.task.per_token:
-            real = batch.attention_mask.astype(bool)
-            expected, fp32, got = expected[real], fp32[real], got[real]
+            got = got[batch.attention_mask.astype(bool)]
+        if got.shape != expected.shape:
+            raise VerificationError(
+                f"the exported {runtime} encoder answers {len(texts)} texts with shape {got.shape}, "
+                f"{reference.description} with {expected.shape}: the export does not compute what the model "
+                f"does (a module of the model that the export lacks?)")
         _check_finite(runtime, texts, expected, fp32, got)
         case = _compare(expected, fp32, got, config, tolerance)
         case["batch"], case["max_tokens"] = len(texts), int(batch.lengths.max())
@@ -147,7 +151,7 @@ def verify(
     report = Report(runtime, cases, max(c["max_abs_error_raw"] for c in cases),
                     max(c["max_abs_error_activated"] for c in cases), min_cos, tolerance, passed, precision,
                     mean_cos, runner.precision, bound_text(precision, tolerance), detect().summary(),
-                    max_fp32_noise=max(c["fp32_noise"] for c in cases))
+                    max_fp32_noise=max(c["fp32_noise"] for c in cases), reference=reference.description)
     if runner.precision != precision:
         raise VerificationError(
             f"the {runtime} runtime was asked for {precision} but compiled the encoder in {runner.precision} "
@@ -161,15 +165,20 @@ def verify(
                     f"{worst['fp32_noise']:.3g})" if precision == FP32
                     else f"cosine mean {mean_cos:.6f}, min {min_cos:.6f}")
         raise VerificationError(
-            f"the {runtime} {precision} encoder differs from PyTorch beyond its bound ({report.bound}): "
-            f"{measured}. If the model is known to be numerically sensitive, a looser --tolerance "
-            f"(now {tolerance:g}) accepts it; otherwise the export is wrong.", report)
+            f"the {runtime} {precision} encoder differs from {reference.description} beyond its bound "
+            f"({report.bound}): {measured}. If the model is known to be numerically sensitive, a looser "
+            f"--tolerance (now {tolerance:g}) accepts it; otherwise the export is wrong.", report)
     return report
+
+
+def _stack(rows: list[np.ndarray]) -> np.ndarray:
+    """Per-text answers as one array: [B, W] for sequence outputs, [real tokens, W] for token outputs."""
+    return np.concatenate(rows) if rows[0].ndim == 2 else np.stack(rows)
 
 
 def _check_finite(runtime: str, texts: list[str], expected: np.ndarray, fp32: np.ndarray, got: np.ndarray) -> None:
     """NaN or inf is its own failure: no bound or cosine means anything then."""
-    for who, values in (("PyTorch fp64 (the reference)", expected), ("PyTorch fp32", fp32),
+    for who, values in (("the reference in fp64", expected), ("the reference in fp32", fp32),
                         (f"the exported {runtime} encoder", got)):
         if not np.isfinite(values).all():
             raise VerificationError(

@@ -1,0 +1,116 @@
+"""What the user's own library answers, loaded independently of the export wrapper (export.encoder).
+
+The export is verified against this, not against the module it was traced from: a wrapper that lost an
+architecture detail (a sliding window, a classifier head, a position offset) would agree with itself.
+- sentence-transformers models (their pooling from modules.json): the SentenceTransformer pipeline
+  itself, every module up to its Normalize (the pooler stage normalises);
+- otherwise transformers' own model class for the task, with its own attention masks and its default
+  attention implementation, and vLLM's pooling semantics on its hidden states (CLS: the first token,
+  MEAN: all tokens, LAST: the last one; token tasks: every token).
+Each text runs alone, unpadded, so batching and padding in the export are checked too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from pooltriton.core.resolve import SENTENCE_TRANSFORMERS, PoolerConfig
+from pooltriton.core.semantics import PoolingType, Task
+
+# What the reference computes with its module on one text's token tensors ([1, L] each) -> [W] or [L, W].
+Compute = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
+
+
+class Reference:
+    """The reference in fp32 and fp64 (the same weights; fp32 against fp64 is fp32's own noise)."""
+
+    def __init__(self, build: Callable[[], tuple[nn.Module, Compute]], description: str) -> None:
+        self.description = description
+        module, self._compute = build()
+        self._modules = {torch.float32: module.float().eval()}
+        self._build = build
+
+    def _module(self, dtype: torch.dtype) -> nn.Module:
+        if dtype not in self._modules:
+            module, _ = self._build()
+            self._modules[dtype] = module.to(dtype).eval()
+        return self._modules[dtype]
+
+    def run(self, feeds: dict[str, np.ndarray], dtype: torch.dtype) -> list[np.ndarray]:
+        """One answer per row of a padded batch, each computed on that row's real tokens alone."""
+        mask = feeds["attention_mask"].astype(bool)
+        module = self._module(dtype)
+        answers = []
+        for row in range(mask.shape[0]):
+            inputs = {name: torch.from_numpy(values[row][mask[row]][None]) for name, values in feeds.items()}
+            with torch.no_grad():
+                answers.append(self._compute(module, inputs).to(torch.float64).numpy())
+        return answers
+
+
+def load_reference(model_dir: str | Path, config: PoolerConfig, allow_pickle: bool = False,
+                   trust_remote_code: bool = False) -> Reference:
+    model_dir = Path(model_dir)
+    if (config.task is Task.EMBED and config.sources.get("pooling_type") == SENTENCE_TRANSFORMERS
+            and (model_dir / "modules.json").is_file()):
+        return Reference(lambda: _sentence_transformers(model_dir, trust_remote_code),
+                         "sentence-transformers (its own pipeline, up to Normalize)")
+    load = {"use_safetensors": None if allow_pickle else True, "trust_remote_code": trust_remote_code}
+    return Reference(lambda: _transformers(model_dir, config, load),
+                     f"transformers ({_class_name(config)}) with vLLM's {config.pooling_type.value} pooling")
+
+
+def _sentence_transformers(model_dir: Path, trust_remote_code: bool) -> tuple[nn.Module, Compute]:
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize
+
+    full = SentenceTransformer(str(model_dir), device="cpu", trust_remote_code=trust_remote_code)
+    pipeline = nn.Sequential(*(m for m in full._modules.values() if not isinstance(m, Normalize)))
+
+    def compute(module: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return module(dict(inputs))["sentence_embedding"][0]
+
+    return pipeline, compute
+
+
+def _class_name(config: PoolerConfig) -> str:
+    if config.task is Task.CLASSIFY:
+        return "AutoModelForSequenceClassification"
+    if config.task is Task.TOKEN_CLASSIFY and config.returned_token_ids:
+        return "AutoModelForCausalLM"
+    if config.task is Task.TOKEN_CLASSIFY:
+        return "AutoModelForTokenClassification"
+    return "AutoModel"
+
+
+def _transformers(model_dir: Path, config: PoolerConfig, load: dict) -> tuple[nn.Module, Compute]:
+    import transformers
+
+    name = _class_name(config)
+    model = getattr(transformers, name).from_pretrained(model_dir, **load)
+    if name == "AutoModel":
+        model = getattr(model, "base_model", model)
+        return model, _pooled_hidden(config.pooling_type)
+    if name == "AutoModelForCausalLM":  # process reward: the LM head's logits of a few ids, every token
+        columns = list(config.returned_token_ids or ())
+        return model, lambda module, inputs: module(**inputs).logits[0][:, columns]
+    return model, lambda module, inputs: module(**inputs).logits[0]
+
+
+def _pooled_hidden(pooling_type: PoolingType) -> Compute:
+    def compute(module: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        hidden = module(**inputs).last_hidden_state[0]
+        if pooling_type is PoolingType.CLS:
+            return hidden[0]
+        if pooling_type is PoolingType.LAST:
+            return hidden[-1]
+        if pooling_type is PoolingType.MEAN:
+            return hidden.mean(0)
+        return hidden  # ALL / STEP: every token (STEP's selection is the pooler stage's)
+
+    return compute
