@@ -16,11 +16,18 @@ from transformers import (
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     BertConfig,
+    DebertaV2Config,
     DistilBertConfig,
+    Gemma3TextConfig,
     GPT2Config,
     LlamaConfig,
+    MistralConfig,
+    ModernBertConfig,
+    MPNetConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
+    Qwen3Config,
+    RobertaConfig,
     XLMRobertaConfig,
 )
 
@@ -33,6 +40,13 @@ SPECIALS = {
 }
 FAMILIES = ("bert", "xlmr", "distilbert", "gpt2", "qwen2", "llama")
 ENCODERS = ("bert", "xlmr", "distilbert")
+# The architectures people bring today, at a scale where numerics matter (hidden 128, 4 heads) and with
+# attention windows (8 tokens) shorter than the test texts.
+MODERN = ("roberta", "mpnet", "deberta_v2", "modernbert", "qwen3", "mistral", "gemma3", "gemma3_bidirectional")
+MODERN_ENCODERS = ("roberta", "mpnet", "deberta_v2", "modernbert", "gemma3_bidirectional")
+WINDOW = 8
+_TOKENIZER_KIND = {"distilbert": "bert", "deberta_v2": "bert", "modernbert": "bert", "roberta": "xlmr",
+                   "mpnet": "xlmr"}
 STEP_TAG = "<step>"
 
 
@@ -46,7 +60,7 @@ def _words() -> list[str]:
 
 
 def _tokenizer(family: str) -> tuple[Tokenizer, dict]:
-    kind = family if family in SPECIALS else ("bert" if family == "distilbert" else "decoder")
+    kind = family if family in SPECIALS else _TOKENIZER_KIND.get(family, "decoder")
     specials = SPECIALS[kind]
     vocab = {token: i for i, token in enumerate(specials + _words())}
     unk = "[UNK]" if kind == "bert" else "<unk>"
@@ -81,6 +95,8 @@ def _config(family: str, vocab_size: int, pad_id: int, **extra):
                                 **common)
     if family == "distilbert":
         return DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=128, **common)
+    if family in MODERN:
+        return _modern_config(family, common)
     if family == "gpt2":
         return GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, bos_token_id=pad_id,
                           eos_token_id=pad_id, **common)
@@ -91,6 +107,33 @@ def _config(family: str, vocab_size: int, pad_id: int, **extra):
     return LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                        intermediate_size=64, max_position_embeddings=128, bos_token_id=None, eos_token_id=None,
                        **common)
+
+
+def _modern_config(family: str, common: dict):
+    size = {"hidden_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4, "intermediate_size": 256}
+    common = {**common, "initializer_range": 0.05}
+    if family == "roberta":
+        return RobertaConfig(**size, max_position_embeddings=130, type_vocab_size=1, bos_token_id=0, eos_token_id=2,
+                             **common)
+    if family == "mpnet":
+        return MPNetConfig(**size, max_position_embeddings=130, bos_token_id=0, eos_token_id=2, **common)
+    if family == "deberta_v2":
+        return DebertaV2Config(**size, max_position_embeddings=128, type_vocab_size=0, relative_attention=True,
+                               position_buckets=16, pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm",
+                               share_att_key=True, **common)
+    if family == "modernbert":
+        return ModernBertConfig(**size, max_position_embeddings=512, global_attn_every_n_layers=3,
+                                local_attention=WINDOW, cls_token_id=2, sep_token_id=3, bos_token_id=2,
+                                eos_token_id=3, **common)
+    decoder = {**size, "num_key_value_heads": 2, "max_position_embeddings": 512, "bos_token_id": None,
+               "eos_token_id": None, **common}
+    if family == "qwen3":
+        return Qwen3Config(head_dim=32, tie_word_embeddings=False, **decoder)
+    if family == "mistral":
+        return MistralConfig(sliding_window=WINDOW, **decoder)
+    return Gemma3TextConfig(head_dim=32, sliding_window=WINDOW, sliding_window_pattern=2,
+                            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                            use_bidirectional_attention=family == "gemma3_bidirectional", **decoder)
 
 
 HEADS = {

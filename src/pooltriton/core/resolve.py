@@ -23,10 +23,22 @@ TASK_DEFAULT = "task-default"
 # them from there): which families are decoders (causal mask, LAST pooling), which encoders pool the
 # first token by default (vLLM's architecture overrides), and whose classification head pools inside.
 DECODER_MODEL_TYPES = frozenset(
-    {"gpt2", "qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3", "phi3", "gpt_neox", "opt"}
+    {"gpt2", "qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3", "gemma3_text", "phi3", "gpt_neox",
+     "opt"}
 )
+# What an export may serve: the families the test matrix exports, serves and compares with transformers /
+# sentence-transformers (README: "Architectures"). Anything else is refused at export, by name.
+SUPPORTED_MODEL_TYPES = frozenset(
+    {"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "deberta-v2", "modernbert", "gpt2", "qwen2", "qwen3",
+     "llama", "mistral", "gemma3_text"}
+)
+# Families whose attention builds its own masks from the plain 0/1 mask (DeBERTa's relative attention
+# reads it as a boolean): they get that mask, not the additive 4-D one.
+PLAIN_MASK_MODEL_TYPES = frozenset({"deberta", "deberta-v2"})
+# RoBERTa-family position ids start after the padding index: the table holds that many fewer positions.
+POSITION_OFFSET_MODEL_TYPES = frozenset({"roberta", "xlm-roberta", "mpnet", "camembert"})
 CLS_DEFAULT_MODEL_TYPES = frozenset(
-    {"bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta", "deberta-v2", "modernbert"}
+    {"bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta", "deberta-v2", "modernbert", "mpnet"}
 )
 # Encoder classifiers whose head takes the first token itself (BERT: CLS + dense + tanh): run whole.
 SELF_POOLING_HEAD_MODEL_TYPES = CLS_DEFAULT_MODEL_TYPES - {"modernbert"}
@@ -36,6 +48,7 @@ _ST_BOOLEAN_MODES = {
     "pooling_mode_mean_tokens": PoolingType.MEAN,
     "pooling_mode_lasttoken": PoolingType.LAST,
 }
+_CLASSIFIER_POOLING = {"cls": PoolingType.CLS, "mean": PoolingType.MEAN}
 _ST_MODE_NAMES = {"cls": PoolingType.CLS, "mean": PoolingType.MEAN, "lasttoken": PoolingType.LAST}
 _PROBLEM_TYPE_ACTIVATION = {
     "regression": Activation.IDENTITY,
@@ -63,6 +76,10 @@ class PoolerConfig:
     architecture: str = ""
     model_type: str = ""
     causal: bool = False  # a decoder: causal attention mask, positions over real tokens
+    # A query attends keys closer than this many positions (0: no window), in every layer, or in the
+    # "sliding_attention" layers where the model names layer types (Gemma 3, ModernBERT's local layers).
+    sliding_window: int = 0
+    plain_mask: bool = False  # the model takes the 0/1 mask and builds its own (PLAIN_MASK_MODEL_TYPES)
     self_pooling_head: bool = False  # a classifier whose head pools (the graph runs it whole)
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -143,6 +160,31 @@ def is_decoder(files: ModelFiles) -> bool:
             or files.hf.get("model_type", "") in DECODER_MODEL_TYPES)
 
 
+def is_causal(files: ModelFiles) -> bool:
+    """A decoder attends causally unless its config says it is bidirectional (EmbeddingGemma)."""
+    return is_decoder(files) and not files.hf.get("use_bidirectional_attention")
+
+
+def sliding_window(hf: dict[str, Any]) -> int:
+    """The attention window as |query - key| < window, from the config's own keys: ModernBERT's
+    `local_attention` (a query sees local_attention // 2 tokens each way), else `sliding_window` where
+    the layers slide (layer types that name sliding layers, or no layer types and no use_sliding_window
+    false: Mistral). Gemma 3 without layer types in its file gets them from sliding_window_pattern, which
+    the encoder reads from the loaded config."""
+    if hf.get("local_attention"):
+        return int(hf["local_attention"]) // 2 + 1
+    window = hf.get("sliding_window")
+    if not window:
+        return 0
+    layer_types = hf.get("layer_types")
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return 0
+    if layer_types is None and hf.get("use_sliding_window") is False:
+        return 0
+    # A bidirectional window of N tokens reaches N // 2 each way (transformers' Gemma 3 config).
+    return int(window) // 2 + 1 if hf.get("use_bidirectional_attention") else int(window)
+
+
 def st_pooling_type(pooling: dict[str, Any]) -> PoolingType | None:
     mode = pooling.get("pooling_mode")
     if isinstance(mode, str):
@@ -159,21 +201,26 @@ def st_pooling_type(pooling: dict[str, Any]) -> PoolingType | None:
 
 
 def resolve_max_length(files: ModelFiles, explicit: int | None = None) -> tuple[int, str]:
-    """sentence-transformers' max_seq_length wins over tokenizer/model limits (tokenizer.json's own
-    truncation settings are ignored on purpose: MiniLM's says 128 while the model is used at 256)."""
+    """The smallest of sentence-transformers' max_seq_length, the tokenizer's limit and what the position
+    table holds (less the RoBERTa-family offset); an absurd tokenizer limit (1e30) is ignored.
+    tokenizer.json's own truncation settings are ignored on purpose: MiniLM's says 128 while the model
+    is used at 256."""
     if explicit:
         return explicit, EXPLICIT
+    limits: list[tuple[int, str]] = []
     if files.st_bert and files.st_bert.get("max_seq_length"):
-        return int(files.st_bert["max_seq_length"]), SENTENCE_TRANSFORMERS
+        limits.append((int(files.st_bert["max_seq_length"]), SENTENCE_TRANSFORMERS))
     tok_max = files.tokenizer_config.get("model_max_length")
     if isinstance(tok_max, int) and 0 < tok_max < 1_000_000:
-        return tok_max, "tokenizer-config"
+        limits.append((tok_max, "tokenizer-config"))
     positions = files.hf.get("max_position_embeddings") or files.hf.get("n_positions")
     if positions:
-        # RoBERTa-family position ids start after the padding index.
-        offset = 2 if files.hf.get("model_type") in ("roberta", "xlm-roberta") else 0
-        return int(positions) - offset, HF_CONFIG
-    return 512, TASK_DEFAULT
+        pad = files.hf.get("pad_token_id")
+        offset = 0
+        if files.hf.get("model_type") in POSITION_OFFSET_MODEL_TYPES:
+            offset = (1 if pad is None else int(pad)) + 1
+        limits.append((int(positions) - offset, HF_CONFIG))
+    return min(limits, key=lambda limit: limit[0]) if limits else (512, TASK_DEFAULT)
 
 
 def resolve(
@@ -223,6 +270,10 @@ def resolve(
         resolved_pooling, sources["pooling_type"] = PoolingType.ALL, TASK_DEFAULT
     elif st_type is not None:
         resolved_pooling, sources["pooling_type"] = st_type, SENTENCE_TRANSFORMERS
+    elif resolved_task is Task.CLASSIFY and files.hf.get("classifier_pooling") in _CLASSIFIER_POOLING:
+        # ModernBERT's classifier pools as its config says before its head.
+        resolved_pooling = _CLASSIFIER_POOLING[files.hf["classifier_pooling"]]
+        sources["pooling_type"] = HF_CONFIG
     elif model_type in CLS_DEFAULT_MODEL_TYPES and not is_decoder(files):
         resolved_pooling, sources["pooling_type"] = PoolingType.CLS, ARCHITECTURE
     else:
@@ -273,7 +324,9 @@ def resolve(
         returned_token_ids=tuple(returned_token_ids) if returned_token_ids else None,
         architecture=architecture,
         model_type=model_type,
-        causal=is_decoder(files),
+        causal=is_causal(files),
+        sliding_window=sliding_window(files.hf),
+        plain_mask=model_type in PLAIN_MASK_MODEL_TYPES,
         self_pooling_head=resolved_task is Task.CLASSIFY and model_type in SELF_POOLING_HEAD_MODEL_TYPES,
         sources=sources,
     )

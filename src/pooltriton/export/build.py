@@ -54,7 +54,7 @@ from pooltriton.contract.config import (
     Tensor,
 )
 from pooltriton.core.capabilities import AUTO, Capabilities, PrecisionError, choose_precision, detect
-from pooltriton.core.resolve import PoolerConfig, ResolutionError, resolve
+from pooltriton.core.resolve import SUPPORTED_MODEL_TYPES, PoolerConfig, ResolutionError, resolve
 from pooltriton.core.runtimes import CPU, CUDA, FP32, RUNTIMES, Runtime
 from pooltriton.core.semantics import PoolingType, Task
 
@@ -158,6 +158,7 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     progress = Progress(5)
     progress(f"resolving pooler configuration of {model_dir}")
     config = resolve_options(model_dir, options)
+    check_supported(config)
     progress(f"loading {config.architecture} ({config.task.value}, {config.pooling_type.value} pooling)")
     encoder = load_encoder(model_dir, config, options.allow_pickle, options.trust_remote_code)
     width = output_width(encoder, config)
@@ -201,6 +202,15 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     _write_json(out / names.ensemble / "pooler_config.json", config.to_json())
     print(f"exported {options.name} ({options.runtime}, {options.precision}) to {out}", file=sys.stderr)
     return asdict(report)
+
+
+def check_supported(config: PoolerConfig) -> None:
+    """Only the families the test matrix proves are exported (the README's architecture table)."""
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ResolutionError(
+            f"{config.architecture or 'this model'} (model_type {config.model_type!r}) is not a supported "
+            f"architecture: its attention and heads have not been checked against transformers here. "
+            f"Supported model types: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}")
 
 
 def check_model_files(model_dir: Path, allow_pickle: bool, trust_remote_code: bool) -> None:

@@ -32,9 +32,39 @@ class PoolingEncoder(nn.Module):
         self.head = head
         self.input_names = input_names
         self.causal = causal
+        self.sliding_window = config.sliding_window
+        self.plain_mask = config.plain_mask
+        # Models that name layer types (full / sliding attention) take a mask per type.
+        self.layer_types = sorted(set(getattr(hf_config, "layer_types", None) or ()))
+        self.takes_use_cache = "use_cache" in inspect.signature(network.forward).parameters
         self.returns_logits = returns_logits
         self.config = hf_config
         self.compute_dtype = torch.float32
+
+    def masks(self, attention_mask: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The attention the model's config asks for, built here from tensor ops (traceable, no
+        shape-specialised transformers mask code): padding, causality, and the sliding window, as one
+        additive mask or, for models with layer types, one per type."""
+        if self.plain_mask:
+            return attention_mask
+        keep = attention_mask[:, None, None, :].to(torch.bool)
+        length = attention_mask.shape[1]
+        positions = torch.arange(length, device=attention_mask.device)
+        if self.causal:
+            keep = keep & (positions[:, None] >= positions[None, :])[None, None]
+        full = self._additive(keep)
+        if not self.sliding_window:
+            return {kind: full for kind in self.layer_types} if self.layer_types else full
+        near = (positions[:, None] - positions[None, :]).abs() < self.sliding_window
+        windowed = self._additive(keep & near[None, None])
+        if not self.layer_types:
+            return windowed  # every layer slides (Mistral)
+        return {kind: windowed if kind == "sliding_attention" else full for kind in self.layer_types}
+
+    def _additive(self, keep: torch.Tensor) -> torch.Tensor:
+        additive = torch.zeros(keep.shape, dtype=self.compute_dtype, device=keep.device)
+        # Half the dtype's minimum: score + mask must stay finite in fp16 (a -inf row gives NaN).
+        return additive.masked_fill(~keep, torch.finfo(self.compute_dtype).min / 2)
 
     def to_precision(self, precision: str, device: str = "cpu") -> PoolingEncoder:
         """Weights and mask in `precision` on `device`; the output stays fp32 (the configs say FP32)."""
@@ -43,20 +73,13 @@ class PoolingEncoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        keep = attention_mask[:, None, None, :].to(torch.bool)
-        if self.causal:
-            length = input_ids.shape[1]
-            causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()
-            keep = keep & causal[None, None]
-        additive = torch.zeros(keep.shape, dtype=self.compute_dtype, device=input_ids.device)
-        # Half the dtype's minimum: score + mask must stay finite in fp16 (a -inf row gives NaN).
-        additive = additive.masked_fill(~keep, torch.finfo(self.compute_dtype).min / 2)
-        kwargs: dict[str, torch.Tensor | bool] = {"input_ids": input_ids, "attention_mask": additive}
+        kwargs: dict[str, object] = {"input_ids": input_ids, "attention_mask": self.masks(attention_mask)}
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids
         if self.causal:
             # Positions count real tokens only, so left padding does not shift them.
             kwargs["position_ids"] = (attention_mask.cumsum(1) - 1).clamp(min=0)
+        if self.takes_use_cache:
             kwargs["use_cache"] = False
         output = self.network(**kwargs)
         if self.returns_logits:
@@ -115,10 +138,13 @@ def load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: bool
 
 
 def _score_head(model: nn.Module) -> nn.Module:
+    """The layers a sequence classifier applies after pooling: its linear score/classifier, behind the
+    prediction head some models put first (ModernBERT: dense, activation, norm)."""
     for name in ("score", "classifier"):
         head = getattr(model, name, None)
         if isinstance(head, nn.Linear):
-            return head
+            before = [getattr(model, n) for n in ("head", "drop") if isinstance(getattr(model, n, None), nn.Module)]
+            return nn.Sequential(*before, head) if before else head
     raise ResolutionError(f"{type(model).__name__} has no linear score/classifier head to apply after pooling")
 
 
@@ -133,7 +159,8 @@ def encoder_input_names(model: nn.Module, hf_config: object) -> tuple[str, ...]:
 
 def output_width(encoder: PoolingEncoder, config: PoolerConfig) -> int:
     if encoder.head is not None:
-        return encoder.head.out_features
+        last = encoder.head[-1] if isinstance(encoder.head, nn.Sequential) else encoder.head
+        return last.out_features
     if encoder.returns_logits:
         return int(encoder.config.num_labels)
     return int(encoder.config.hidden_size)
