@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
@@ -92,7 +93,21 @@ class PoolingEncoder(nn.Module):
 def load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: bool = False,
                  trust_remote_code: bool = False) -> PoolingEncoder:
     """The model as a pooling module. Weights load from safetensors unless `allow_pickle`, and custom
-    model code runs only with `trust_remote_code` (export.build.check_model_files says why first)."""
+    model code runs only with `trust_remote_code` (export.build.check_model_files says why first).
+    Files that transformers cannot load (a truncated weight file, a config it does not know) are a
+    ResolutionError naming the folder and transformers' own first line."""
+    try:
+        return _load_encoder(model_dir, config, allow_pickle, trust_remote_code)
+    except ResolutionError:
+        raise
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ResolutionError(f"{model_dir}: the model cannot be loaded by transformers "
+                              f"({type(error).__name__}: {first})") from error
+
+
+def _load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: bool,
+                  trust_remote_code: bool) -> PoolingEncoder:
     hf_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     load = {"config": hf_config, "use_safetensors": None if allow_pickle else True,
             "trust_remote_code": trust_remote_code}

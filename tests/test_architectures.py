@@ -1,0 +1,143 @@
+"""The architectures people bring today (issue 17): tiny seeded models at a scale where numerics matter
+(hidden 128, 4 heads, 3 layers) with attention windows (8 tokens) shorter than the test texts, exported
+to ONNX and TorchScript, served by Triton, and equal to transformers' own classes on the same weights.
+
+The references run each text alone, unpadded, with transformers' own masks and default attention, so a
+lost sliding window, a wrong causal flag, a skipped head or a position offset shows here.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tiny_models import MODERN, WINDOW, build
+from transformers import AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+from pooltriton.client import PoolingClient
+from pooltriton.core.activation import normalize, softmax
+from pooltriton.core.resolve import resolve
+from pooltriton.export.build import ExportOptions, export_model
+
+from conftest import start_server
+from corpus import varied_texts
+
+MAX_ABS = 1e-5
+# transformers has no token-classification class for Gemma 3.
+CASES = [(family, head) for head in ("embed", "classify", "token_classify") for family in MODERN
+         if not (head == "token_classify" and family.startswith("gemma3"))]
+TEXTS = varied_texts(12, seed=5, max_words=40)
+
+
+def name_of(family: str, head: str) -> str:
+    return f"{family}_{head}"
+
+
+@pytest.fixture(scope="session")
+def modern_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("modern_models")
+    for family, head in CASES:
+        build(root, family, head)
+    return root
+
+
+@pytest.fixture(scope="module", params=["onnx", "torchscript"])
+def served(request, modern_root: Path, tmp_path_factory: pytest.TempPathFactory):
+    runtime = request.param
+    repository = tmp_path_factory.mktemp(f"modern_{runtime}")
+    for family, head in CASES:
+        export_model(build(modern_root, family, head), ExportOptions(name=name_of(family, head), out=repository,
+                                                                     runtime=runtime))
+    server = start_server(repository, repository / "server.log")
+    client = PoolingClient(server.grpc_url, protocol="grpc")
+    yield client
+    client.close()
+    assert server.stop() == 0
+
+
+def reference(folder: Path, head: str, texts: list[str]) -> list[np.ndarray]:
+    """transformers' own model per text, vLLM's semantics on top (the resolved default pooling)."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    loader = {"embed": AutoModel, "classify": AutoModelForSequenceClassification,
+              "token_classify": AutoModelForTokenClassification}[head]
+    model = loader.from_pretrained(folder).eval()
+    pooling = resolve(folder).pooling_type.value
+    answers = []
+    for text in texts:
+        encoded = tokenizer(text, return_tensors="pt")
+        with torch.no_grad():
+            output = model(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"])
+        if head == "embed":
+            hidden = output.last_hidden_state[0].numpy()
+            answers.append(normalize(hidden[:1] if pooling == "CLS" else hidden[-1:])[0])
+        else:
+            answers.append(softmax(output.logits[0].numpy()))
+    return answers
+
+
+@pytest.mark.parametrize(("family", "head"), CASES, ids=[name_of(*case) for case in CASES])
+def test_served_equals_transformers(served, modern_root: Path, family: str, head: str) -> None:
+    folder = build(modern_root, family, head)
+    expected = reference(folder, head, TEXTS)
+    got = served.encode(TEXTS, model=name_of(family, head))
+    for index, (g, e) in enumerate(zip(got, expected)):
+        assert g.shape == e.shape, (index, g.shape, e.shape)
+        assert np.abs(g - e).max() <= MAX_ABS, (index, float(np.abs(g - e).max()))
+
+
+def test_the_texts_are_longer_than_every_window(modern_root: Path) -> None:
+    """Otherwise a lost window could not show."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(build(modern_root, "mistral", "embed") / "tokenizer.json"))
+    assert sum(len(tokenizer(t)["input_ids"]) > 3 * WINDOW for t in TEXTS) >= 4
+
+
+def test_a_lost_window_fails_verification(modern_root: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    """The export's check compares with transformers, not with its own wrapper: a wrapper that drops the
+    sliding window (what the export did before) is refused, and the one that keeps it passes."""
+    from pooltriton.cli import main
+    from pooltriton.core import resolve as resolve_module
+
+    model = str(build(modern_root, "gemma3", "embed"))
+    monkeypatch.setattr(resolve_module, "sliding_window", lambda hf: 0)
+    assert main(["export", model, "--name", "g", "--out", str(tmp_path), "--runtime", "onnx"]) == 1
+    assert "differs from transformers (AutoModel)" in capsys.readouterr().err and not list(tmp_path.iterdir())
+    monkeypatch.undo()
+    assert main(["export", model, "--name", "g", "--out", str(tmp_path), "--runtime", "onnx"]) == 0
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    ("unsupported", "is not a supported architecture"),
+    ("no_tokenizer", "has no tokenizer.json"),
+    ("corrupt_weights", "cannot be loaded"),
+    ("remote_code", "--trust-remote-code"),
+])
+def test_refusals_are_one_paragraph_with_exit_2(modern_root: Path, tmp_path: Path, make: str, message: str) -> None:
+    import json
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(build(modern_root, "roberta", "embed"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    if make == "unsupported":
+        config.update(model_type="falcon", architectures=["FalconModel"])
+    elif make == "remote_code":
+        config["auto_map"] = {"AutoModel": "modeling_x.XModel"}
+    (folder / "config.json").write_text(json.dumps(config))
+    if make == "no_tokenizer":
+        (folder / "tokenizer.json").unlink()
+    if make == "corrupt_weights":
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    result = subprocess.run([sys.executable, "-m", "pooltriton.cli", "export", str(folder), "--name", "x",
+                             "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("pooltriton export:")]
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.stderr, result.stderr[-2000:]
