@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_models import MODERN, WINDOW, build
+from tiny_models import MODERN, WINDOW, build, build_st
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
 from pooltriton.client import PoolingClient
@@ -31,10 +31,18 @@ MAX_ABS = 1e-5
 CASES = [(family, head) for head in ("embed", "classify", "token_classify") for family in MODERN
          if not (head == "token_classify" and family.startswith("gemma3"))]
 TEXTS = varied_texts(12, seed=5, max_words=40)
+# sentence-transformers pipelines: every Pooling mode, a Dense after pooling, with and without Normalize.
+ST_CASES = [("bert", "max", False, True), ("bert", "mean_sqrt_len_tokens", False, True),
+            ("bert", "weightedmean", False, True), ("qwen2", "lasttoken", False, True),
+            ("bert", "mean", True, False), ("xlmr", "cls", True, True)]
 
 
 def name_of(family: str, head: str) -> str:
     return f"{family}_{head}"
+
+
+def st_name(family: str, mode: str, dense: bool, normalize: bool) -> str:
+    return f"st_{family}_{mode}{'_dense' if dense else ''}{'' if normalize else '_raw'}"
 
 
 @pytest.fixture(scope="session")
@@ -52,6 +60,8 @@ def served(request, modern_root: Path, tmp_path_factory: pytest.TempPathFactory)
     for family, head in CASES:
         export_model(build(modern_root, family, head), ExportOptions(name=name_of(family, head), out=repository,
                                                                      runtime=runtime))
+    for case in ST_CASES:
+        export_model(build_st(modern_root, *case), ExportOptions(name=st_name(*case), out=repository, runtime=runtime))
     server = start_server(repository, repository / "server.log")
     client = PoolingClient(server.grpc_url, protocol="grpc")
     yield client
@@ -89,6 +99,21 @@ def test_served_equals_transformers(served, modern_root: Path, family: str, head
     for index, (g, e) in enumerate(zip(got, expected)):
         assert g.shape == e.shape, (index, g.shape, e.shape)
         assert np.abs(g - e).max() <= MAX_ABS, (index, float(np.abs(g - e).max()))
+
+
+@pytest.mark.parametrize("case", ST_CASES, ids=[st_name(*case) for case in ST_CASES])
+def test_sentence_transformers_pipelines_served_as_sentence_transformers_encodes(served, modern_root: Path,
+                                                                                 case: tuple) -> None:
+    """Pooling modes, Dense (with its activation) and Normalize or its absence, as the library runs them."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = build_st(modern_root, *case)
+    expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, batch_size=1)
+    got = served.embed(TEXTS, model=st_name(*case))
+    assert got.shape == expected.shape and np.abs(got - expected).max() <= MAX_ABS, float(np.abs(got - expected).max())
+    _family, _mode, dense, normalize = case
+    assert (expected.shape[1] == 24) == dense
+    assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5) == normalize
 
 
 def test_the_texts_are_longer_than_every_window(modern_root: Path) -> None:

@@ -179,3 +179,23 @@ def build(root: Path, family: str, head: str, num_labels: int = 3, seed: int = 0
 
 def token_id(folder: Path, token: str) -> int:
     return json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"][token]
+
+
+def build_st(root: Path, family: str, pooling_mode: str, dense: bool = False, normalize: bool = True) -> Path:
+    """A sentence-transformers model saved by sentence-transformers itself: the tiny `family` encoder,
+    Pooling(`pooling_mode`), optionally a Dense (32 -> 24, tanh) and a Normalize."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
+
+    folder = root / f"st-{family}-{pooling_mode}-{'dense' if dense else 'plain'}-{'norm' if normalize else 'raw'}"
+    if (folder / "modules.json").is_file():
+        return folder
+    transformer = Transformer(str(build(root, family, "embed")))
+    modules = [transformer, Pooling(transformer.get_word_embedding_dimension(), pooling_mode)]
+    if dense:
+        torch.manual_seed(7)
+        modules.append(Dense(transformer.get_word_embedding_dimension(), 24, activation_function=torch.nn.Tanh()))
+    if normalize:
+        modules.append(Normalize())
+    SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    return folder

@@ -47,9 +47,16 @@ _ST_BOOLEAN_MODES = {
     "pooling_mode_cls_token": PoolingType.CLS,
     "pooling_mode_mean_tokens": PoolingType.MEAN,
     "pooling_mode_lasttoken": PoolingType.LAST,
+    "pooling_mode_max_tokens": PoolingType.MAX,
+    "pooling_mode_mean_sqrt_len_tokens": PoolingType.MEAN_SQRT_LEN,
+    "pooling_mode_weightedmean_tokens": PoolingType.WEIGHTED_MEAN,
 }
 _CLASSIFIER_POOLING = {"cls": PoolingType.CLS, "mean": PoolingType.MEAN}
-_ST_MODE_NAMES = {"cls": PoolingType.CLS, "mean": PoolingType.MEAN, "lasttoken": PoolingType.LAST}
+_ST_MODE_NAMES = {"cls": PoolingType.CLS, "mean": PoolingType.MEAN, "lasttoken": PoolingType.LAST,
+                  "max": PoolingType.MAX, "mean_sqrt_len_tokens": PoolingType.MEAN_SQRT_LEN,
+                  "weightedmean": PoolingType.WEIGHTED_MEAN}
+# The sentence-transformers modules an export reproduces (by the class name ending the module's type).
+_ST_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
 _PROBLEM_TYPE_ACTIVATION = {
     "regression": Activation.IDENTITY,
     "single_label_classification": Activation.SOFTMAX,
@@ -80,6 +87,7 @@ class PoolerConfig:
     # "sliding_attention" layers where the model names layer types (Gemma 3, ModernBERT's local layers).
     sliding_window: int = 0
     plain_mask: bool = False  # the model takes the 0/1 mask and builds its own (PLAIN_MASK_MODEL_TYPES)
+    dense_layers: tuple[str, ...] = ()  # sentence-transformers Dense module folders applied after pooling
     self_pooling_head: bool = False  # a classifier whose head pools (the graph runs it whole)
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -186,18 +194,40 @@ def sliding_window(hf: dict[str, Any]) -> int:
 
 
 def st_pooling_type(pooling: dict[str, Any]) -> PoolingType | None:
+    if pooling.get("include_prompt") is False:
+        raise ResolutionError("sentence-transformers pooling without the prompt's tokens (include_prompt: false) "
+                              "is not supported")
     mode = pooling.get("pooling_mode")
+    if isinstance(mode, list | tuple):
+        if len(mode) != 1:
+            raise ResolutionError(f"concatenated sentence-transformers pooling modes {list(mode)} are not supported")
+        mode = mode[0]
     if isinstance(mode, str):
         if mode not in _ST_MODE_NAMES:
             raise ResolutionError(f"sentence-transformers pooling_mode {mode!r} is not supported")
         return _ST_MODE_NAMES[mode]
-    for key, pooling_type in _ST_BOOLEAN_MODES.items():
-        if pooling.get(key):
-            return pooling_type
-    unsupported = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v]
+    chosen = [pooling_type for key, pooling_type in _ST_BOOLEAN_MODES.items() if pooling.get(key)]
+    if len(chosen) > 1:
+        raise ResolutionError(f"concatenated sentence-transformers pooling modes {[t.value for t in chosen]} "
+                              "are not supported")
+    unsupported = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v and k not in _ST_BOOLEAN_MODES]
     if unsupported:
         raise ResolutionError(f"sentence-transformers pooling modes {unsupported} are not supported")
-    return None
+    return chosen[0] if chosen else None
+
+
+def st_dense_layers(files: ModelFiles) -> tuple[str, ...]:
+    """The folders of the Dense modules after Pooling, in order; any module the export cannot reproduce
+    is refused by name."""
+    dense = []
+    for module in files.modules or ():
+        kind = module.get("type", "").rsplit(".", 1)[-1]
+        if kind not in _ST_MODULES:
+            raise ResolutionError(f"sentence-transformers module {module.get('type')!r} ({module.get('path')}) is "
+                                  f"not supported; supported modules: {', '.join(_ST_MODULES)}")
+        if kind == "Dense":
+            dense.append(str(module.get("path", "")))
+    return tuple(dense)
 
 
 def resolve_max_length(files: ModelFiles, explicit: int | None = None) -> tuple[int, str]:
@@ -281,7 +311,7 @@ def resolve(
     if resolved_pooling.per_token != resolved_task.per_token:
         raise ResolutionError(
             f"pooling type {resolved_pooling.value} does not fit task {resolved_task.value}: "
-            "token tasks take ALL or STEP, sequence tasks CLS, LAST or MEAN"
+            "token tasks take ALL or STEP, sequence tasks CLS, LAST, MEAN, MAX, MEAN_SQRT_LEN or WEIGHTED_MEAN"
         )
     if resolved_pooling is PoolingType.STEP and not (returned_token_ids or step_tag_id is not None):
         raise ResolutionError("STEP pooling needs returned_token_ids or step_tag_id")
@@ -327,6 +357,7 @@ def resolve(
         causal=is_causal(files),
         sliding_window=sliding_window(files.hf),
         plain_mask=model_type in PLAIN_MASK_MODEL_TYPES,
+        dense_layers=st_dense_layers(files) if resolved_task is Task.EMBED else (),
         self_pooling_head=resolved_task is Task.CLASSIFY and model_type in SELF_POOLING_HEAD_MODEL_TYPES,
         sources=sources,
     )

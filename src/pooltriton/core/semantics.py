@@ -30,6 +30,10 @@ class PoolingType(str, Enum):
     MEAN = "MEAN"
     ALL = "ALL"
     STEP = "STEP"
+    # sentence-transformers' other Pooling modes (their modules.json), beyond vLLM's set.
+    MAX = "MAX"
+    MEAN_SQRT_LEN = "MEAN_SQRT_LEN"
+    WEIGHTED_MEAN = "WEIGHTED_MEAN"
 
     @property
     def per_token(self) -> bool:

@@ -118,6 +118,8 @@ def _load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: boo
     if config.task.is_embedding and config.pooling_type is not PoolingType.STEP:
         network = AutoModel.from_pretrained(model_dir, **load)
         network = getattr(network, "base_model", network)
+        if config.dense_layers:
+            head = nn.Sequential(*(_st_dense(Path(model_dir) / path, allow_pickle) for path in config.dense_layers))
     elif config.task is Task.CLASSIFY:
         full = AutoModelForSequenceClassification.from_pretrained(model_dir, **load)
         if config.self_pooling_head:
@@ -152,6 +154,29 @@ def _load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: boo
     return encoder.eval()
 
 
+def _st_dense(folder: Path, allow_pickle: bool) -> nn.Module:
+    """A sentence-transformers Dense module (linear + activation) from its own folder's files."""
+    import json
+
+    settings = json.loads((folder / "config.json").read_text())
+    linear = nn.Linear(settings["in_features"], settings["out_features"], bias=settings.get("bias", True))
+    if (folder / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        state = load_file(folder / "model.safetensors")
+    elif allow_pickle and (folder / "pytorch_model.bin").is_file():
+        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise ResolutionError(f"{folder} has no model.safetensors (pytorch_model.bin needs --allow-pickle)")
+    linear.load_state_dict({key.removeprefix("linear."): value for key, value in state.items()})
+    activation = settings.get("activation_function", "torch.nn.modules.linear.Identity")
+    # Only torch's own activation classes, as sentence-transformers trusts them.
+    if not activation.startswith("torch.nn.modules.") or not hasattr(nn, activation.rsplit(".", 1)[-1]):
+        raise ResolutionError(f"refusing Dense activation_function {activation!r} in {folder}: only torch.nn "
+                              "activation classes are supported")
+    return nn.Sequential(linear, getattr(nn, activation.rsplit(".", 1)[-1])())
+
+
 def _score_head(model: nn.Module) -> nn.Module:
     """The layers a sequence classifier applies after pooling: its linear score/classifier, behind the
     prediction head some models put first (ModernBERT: dense, activation, norm)."""
@@ -174,8 +199,8 @@ def encoder_input_names(model: nn.Module, hf_config: object) -> tuple[str, ...]:
 
 def output_width(encoder: PoolingEncoder, config: PoolerConfig) -> int:
     if encoder.head is not None:
-        last = encoder.head[-1] if isinstance(encoder.head, nn.Sequential) else encoder.head
-        return last.out_features
+        linears = [m for m in encoder.head.modules() if isinstance(m, nn.Linear)]
+        return linears[-1].out_features
     if encoder.returns_logits:
         return int(encoder.config.num_labels)
     return int(encoder.config.hidden_size)

@@ -34,6 +34,30 @@ class LastPool(nn.Module):
         return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
 
 
+class MaxPool(nn.Module):
+    """sentence-transformers' max: padding positions can never win."""
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        keep = mask.unsqueeze(-1).to(torch.bool)
+        return hidden.float().masked_fill(~keep, -1e9).max(dim=1).values
+
+
+class MeanSqrtLenPool(nn.Module):
+    """sentence-transformers' mean_sqrt_len_tokens: the sum over real tokens / sqrt(their count)."""
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        weights = mask.unsqueeze(-1).to(torch.float32)
+        return (hidden.float() * weights).sum(1) / torch.sqrt(weights.sum(1).clamp(min=1e-9))
+
+
+class WeightedMeanPool(nn.Module):
+    """sentence-transformers' weightedmean: token i of the text weighs i (from 1, at the first real token)."""
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        weights = (mask.cumsum(1) * mask).unsqueeze(-1).to(torch.float32)
+        return (hidden.float() * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+
+
 class AllPool(nn.Module):
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return hidden
@@ -45,6 +69,9 @@ POOLERS: dict[PoolingType, type[nn.Module]] = {
     PoolingType.LAST: LastPool,
     PoolingType.ALL: AllPool,
     PoolingType.STEP: AllPool,  # selection by token id happens in the pooler backend
+    PoolingType.MAX: MaxPool,
+    PoolingType.MEAN_SQRT_LEN: MeanSqrtLenPool,
+    PoolingType.WEIGHTED_MEAN: WeightedMeanPool,
 }
 
 

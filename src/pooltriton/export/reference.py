@@ -111,6 +111,13 @@ def _pooled_hidden(pooling_type: PoolingType) -> Compute:
             return hidden[-1]
         if pooling_type is PoolingType.MEAN:
             return hidden.mean(0)
+        if pooling_type is PoolingType.MAX:
+            return hidden.max(0).values
+        if pooling_type is PoolingType.MEAN_SQRT_LEN:
+            return hidden.sum(0) / hidden.shape[0] ** 0.5
+        if pooling_type is PoolingType.WEIGHTED_MEAN:
+            weights = torch.arange(1, hidden.shape[0] + 1, dtype=hidden.dtype)[:, None]
+            return (hidden * weights).sum(0) / weights.sum()
         return hidden  # ALL / STEP: every token (STEP's selection is the pooler stage's)
 
     return compute
