@@ -31,6 +31,8 @@ MAX_ABS = 1e-5
 CASES = [(family, head) for head in ("embed", "classify", "token_classify") for family in MODERN
          if not (head == "token_classify" and family.startswith("gemma3"))]
 TEXTS = varied_texts(12, seed=5, max_words=40)
+# A Qwen3-Reranker-style prompt in the tiny vocabulary: the model answers "yes" or "no" after it.
+RERANK_TEMPLATE = "query: {query} document: {document} relevant answer"
 # sentence-transformers pipelines: every Pooling mode, a Dense after pooling, with and without Normalize.
 ST_CASES = [("bert", "max", False, True), ("bert", "mean_sqrt_len_tokens", False, True),
             ("bert", "weightedmean", False, True), ("qwen2", "lasttoken", False, True),
@@ -62,8 +64,12 @@ def served(request, modern_root: Path, tmp_path_factory: pytest.TempPathFactory)
                                                                      runtime=runtime))
     for case in ST_CASES:
         export_model(build_st(modern_root, *case), ExportOptions(name=st_name(*case), out=repository, runtime=runtime))
+    export_model(build(modern_root, "qwen3", "causal"), ExportOptions(
+        name="qwen3_reranker", out=repository, runtime=runtime, classifier_from_tokens=("no", "yes"),
+        score_template=RERANK_TEMPLATE))
     server = start_server(repository, repository / "server.log")
     client = PoolingClient(server.grpc_url, protocol="grpc")
+    client.server_url = server.grpc_url
     yield client
     client.close()
     assert server.stop() == 0
@@ -114,6 +120,33 @@ def test_sentence_transformers_pipelines_served_as_sentence_transformers_encodes
     _family, _mode, dense, normalize = case
     assert (expected.shape[1] == 24) == dense
     assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5) == normalize
+
+
+def test_a_decoder_reranker_scores_through_rerank(served, modern_root: Path) -> None:
+    """A causal LM exported with --classifier-from-tokens no,yes and a prompt template answers /v1/rerank
+    with the probability of "yes" against "no" that transformers' full LM head gives at the last token."""
+    import httpx
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from conftest import running_gateway
+
+    folder = build(modern_root, "qwen3", "causal")
+    query, documents = "a man eats food", ["the dog runs quickly over the bridge", "a man eats bread", "night"]
+    with running_gateway(served.server_url) as base:
+        response = httpx.post(f"{base}/v1/rerank", json={"model": "qwen3_reranker", "query": query,
+                                                          "documents": documents}, timeout=60)
+    assert response.status_code == 200, response.text
+    got = {r["index"]: r["relevance_score"] for r in response.json()["results"]}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    no, yes = tokenizer.convert_tokens_to_ids(["no", "yes"])
+    for index, document in enumerate(documents):
+        text = RERANK_TEMPLATE.replace("{query}", query).replace("{document}", document)
+        with torch.no_grad():
+            last = model(**tokenizer(text, return_tensors="pt")).logits[0, -1]
+        expected = float(softmax(np.array([last[no], last[yes]]))[1])
+        assert abs(got[index] - expected) <= MAX_ABS, (index, got[index], expected)
+    assert np.ptp(list(got.values())) > 1e-3  # the documents really score differently
 
 
 def test_the_texts_are_longer_than_every_window(modern_root: Path) -> None:

@@ -55,7 +55,7 @@ def _words() -> list[str]:
     splitter = pre_tokenizers.Whitespace()
     for word in VOCABULARY:
         words.update(piece for piece, _ in splitter.pre_tokenize_str(word.lower()))
-    words.update("query document relevant answer step one two three".split())
+    words.update("query document relevant answer step one two three yes no".split())
     return sorted(words)
 
 

@@ -46,6 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     _model_args(export)
     export.add_argument("--name", required=True, help="public ensemble name (stages get suffixes)")
     export.add_argument("--out", default="model_repository", help="model repository folder")
+    export.add_argument("--classifier-from-tokens", type=lambda t: tuple(t.split(",")), metavar="NO,YES",
+                        help="serve a causal LM as a reranker: its one logit is the LM head's YES row minus the "
+                        "NO row at the last token (vLLM's classifier_from_token; Qwen3-Reranker: no,yes)")
+    export.add_argument("--score-template", metavar="TEXT",
+                        help="how <name>_score presents a (query, document) pair to a reranker: a text with "
+                        "{query} and {document}, e.g. the model card's prompt")
     export.add_argument("--matryoshka-dimensions", type=lambda t: tuple(int(x) for x in t.split(",")), default=(),
                         metavar="D,D", help="embedding sizes clients may ask for (truncated, re-normalised)")
     export.add_argument("--runtime", choices=sorted(RUNTIMES), default="onnx",
@@ -136,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             tolerance=args.tolerance,
             queue_size=args.queue_size, queue_timeout_ms=args.queue_timeout_ms,
             allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code,
+            classifier_from_tokens=args.classifier_from_tokens, score_template=args.score_template,
         )
         try:
             export_model(_local(args.model), options)

@@ -88,6 +88,9 @@ class PoolerConfig:
     sliding_window: int = 0
     plain_mask: bool = False  # the model takes the 0/1 mask and builds its own (PLAIN_MASK_MODEL_TYPES)
     dense_layers: tuple[str, ...] = ()  # sentence-transformers Dense module folders applied after pooling
+    # A causal LM served as a one-label classifier from two tokens' LM-head rows, (no, yes): the logit
+    # yes - no, so its sigmoid is the two-way softmax (vLLM's classifier_from_token, Qwen3-Reranker).
+    classifier_token_ids: tuple[int, int] | None = None
     self_pooling_head: bool = False  # a classifier whose head pools (the graph runs it whole)
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -262,15 +265,24 @@ def resolve(
     step_tag_id: int | None = None,
     returned_token_ids: tuple[int, ...] | None = None,
     convert: str | None = None,
+    classifier_tokens: tuple[tuple[str, int], tuple[str, int]] | None = None,
 ) -> PoolerConfig:
     """Resolve every field independently; arguments that are not None are the explicit layer.
 
     `convert` ("embed" or "classify") overrides the task family the architecture name implies.
+    `classifier_tokens` ((no, id), (yes, id)) turns a causal LM into a one-label classifier (a reranker).
     """
     files = ModelFiles.read(model_dir)
     sources: dict[str, str] = {}
     architecture = files.architecture
     model_type = files.hf.get("model_type", "")
+    if classifier_tokens is not None:
+        if not is_causal_lm(architecture):
+            raise ResolutionError("classifier tokens convert a causal LM (*ForCausalLM); "
+                                  f"{architecture or 'this model'} is not one")
+        if task not in (None, Task.CLASSIFY, "classify") or convert not in (None, "classify"):
+            raise ResolutionError("classifier tokens make a classify model; other tasks cannot be asked with them")
+        convert, sources["classifier_tokens"] = "classify", EXPLICIT
 
     arch_task = task_from_architecture(architecture)
     if convert is not None:
@@ -319,6 +331,8 @@ def resolve(
     # Activation: embeddings normalise; classifiers follow problem_type > ST > label count.
     if resolved_task.is_embedding:
         num_labels, labels = None, None
+    elif classifier_tokens is not None:
+        num_labels, labels = 1, (classifier_tokens[1][0],)
     elif returned_token_ids and is_causal_lm(architecture):
         num_labels = len(returned_token_ids)
         labels = tuple(f"token_{i}" for i in returned_token_ids)
@@ -335,7 +349,10 @@ def resolve(
             use_activation, sources["use_activation"] = True, TASK_DEFAULT
         sources["activation"] = TASK_DEFAULT
     else:
-        activation, sources["activation"] = _classifier_activation(files.hf, num_labels)
+        if classifier_tokens is not None:
+            activation, sources["activation"] = Activation.SIGMOID, EXPLICIT
+        else:
+            activation, sources["activation"] = _classifier_activation(files.hf, num_labels)
         if use_activation is None:
             use_activation, sources["use_activation"] = True, TASK_DEFAULT
         else:
@@ -358,6 +375,7 @@ def resolve(
         sliding_window=sliding_window(files.hf),
         plain_mask=model_type in PLAIN_MASK_MODEL_TYPES,
         dense_layers=st_dense_layers(files) if resolved_task is Task.EMBED else (),
+        classifier_token_ids=(classifier_tokens[0][1], classifier_tokens[1][1]) if classifier_tokens else None,
         self_pooling_head=resolved_task is Task.CLASSIFY and model_type in SELF_POOLING_HEAD_MODEL_TYPES,
         sources=sources,
     )

@@ -95,6 +95,10 @@ class ExportOptions:
     queue_timeout_ms: int = QUEUE_TIMEOUT_MS  # a request still waiting after this is rejected
     allow_pickle: bool = False  # load pickled weights (pytorch_model.bin): they can run code when loaded
     trust_remote_code: bool = False  # models whose config.json names custom code (auto_map)
+    # A causal LM as a reranker: the (no, yes) tokens whose LM-head rows make its one logit, and the text
+    # each (query, document) pair is scored as ({query} and {document} replaced).
+    classifier_from_tokens: tuple[str, str] | None = None
+    score_template: str | None = None
 
     def check(self, capabilities: Capabilities) -> tuple[Runtime, ExportOptions]:
         """The runtime, and these options with the precision decided (`auto`) and checked against the CPU."""
@@ -121,6 +125,10 @@ class ExportOptions:
                                   f"not {self.device}")
         if self.tensorrt and (self.runtime, self.device) != ("onnx", CUDA):
             raise ResolutionError("--tensorrt is an accelerator of the onnx runtime on cuda")
+        if self.classifier_from_tokens is not None and len(self.classifier_from_tokens) != 2:
+            raise ResolutionError("--classifier-from-tokens takes two tokens: NO,YES")
+        if self.score_template is not None and not all(k in self.score_template for k in ("{query}", "{document}")):
+            raise ResolutionError("--score-template must contain {query} and {document}")
         return runtime, replace(self, precision=precision)
 
 
@@ -139,7 +147,28 @@ def resolve_options(model_dir: Path, options: ExportOptions) -> PoolerConfig:
         model_dir, task=options.task, pooling_type=options.pooling_type, use_activation=options.use_activation,
         max_length=options.max_length, step_tag_id=options.step_tag_id,
         returned_token_ids=options.returned_token_ids, convert=options.convert,
+        classifier_tokens=classifier_tokens(model_dir, options.classifier_from_tokens),
     )
+
+
+def classifier_tokens(model_dir: Path, tokens: tuple[str, str] | None) -> tuple[tuple[str, int], ...] | None:
+    """(token, id) for each of the (no, yes) tokens, from the model's own tokenizer; each must be one token."""
+    if tokens is None:
+        return None
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    found = []
+    for token in tokens:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is None:
+            ids = tokenizer.encode(token, add_special_tokens=False).ids
+            if len(ids) != 1:
+                raise ResolutionError(f"classifier token {token!r} is not one token of the model's vocabulary "
+                                      f"(it encodes to {ids})")
+            token_id = ids[0]
+        found.append((token, int(token_id)))
+    return tuple(found)
 
 
 def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
@@ -329,7 +358,8 @@ def pipeline_configs(
             inputs=[Tensor(QUERY, "TYPE_STRING", (-1,)), Tensor(DOCUMENTS, "TYPE_STRING", (-1,))],
             outputs=[Tensor(SCORES, "TYPE_FP32", (-1,)), prompt_tokens],
             instance_count=2,  # scoring waits on the ensemble it calls; two let requests overlap
-            parameters={"mode": mode, "model": names.ensemble, "output": output.name},
+            parameters={"mode": mode, "model": names.ensemble, "output": output.name,
+                        **({"template": options.score_template} if options.score_template else {})},
         ))
     return models
 

@@ -120,6 +120,19 @@ def _load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: boo
         network = getattr(network, "base_model", network)
         if config.dense_layers:
             head = nn.Sequential(*(_st_dense(Path(model_dir) / path, allow_pickle) for path in config.dense_layers))
+    elif config.classifier_token_ids is not None:
+        # A decoder reranker: the LM head's (yes - no) row difference as a one-label classifier.
+        from transformers import AutoModelForCausalLM
+
+        full = AutoModelForCausalLM.from_pretrained(model_dir, **load)
+        lm_head = full.get_output_embeddings()
+        no, yes = config.classifier_token_ids
+        head = nn.Linear(lm_head.in_features, 1, bias=lm_head.bias is not None)
+        with torch.no_grad():
+            head.weight.copy_(lm_head.weight[yes] - lm_head.weight[no])
+            if lm_head.bias is not None:
+                head.bias.copy_(lm_head.bias[yes] - lm_head.bias[no])
+        network = full.base_model
     elif config.task is Task.CLASSIFY:
         full = AutoModelForSequenceClassification.from_pretrained(model_dir, **load)
         if config.self_pooling_head:

@@ -61,8 +61,10 @@ def load_reference(model_dir: str | Path, config: PoolerConfig, allow_pickle: bo
         return Reference(lambda: _sentence_transformers(model_dir, trust_remote_code),
                          "sentence-transformers (its own pipeline, up to Normalize)")
     load = {"use_safetensors": None if allow_pickle else True, "trust_remote_code": trust_remote_code}
-    return Reference(lambda: _transformers(model_dir, config, load),
-                     f"transformers ({_class_name(config)}) with vLLM's {config.pooling_type.value} pooling")
+    semantics = ("the LM head's yes - no logit at the last token" if config.classifier_token_ids is not None
+                 else f"vLLM's {config.pooling_type.value} pooling")
+    return Reference(lambda: _transformers(model_dir, config, load), f"transformers ({_class_name(config)}) with "
+                     f"{semantics}")
 
 
 def _sentence_transformers(model_dir: Path, trust_remote_code: bool) -> tuple[nn.Module, Compute]:
@@ -79,6 +81,8 @@ def _sentence_transformers(model_dir: Path, trust_remote_code: bool) -> tuple[nn
 
 
 def _class_name(config: PoolerConfig) -> str:
+    if config.classifier_token_ids is not None:
+        return "AutoModelForCausalLM"
     if config.task is Task.CLASSIFY:
         return "AutoModelForSequenceClassification"
     if config.task is Task.TOKEN_CLASSIFY and config.returned_token_ids:
@@ -96,6 +100,14 @@ def _transformers(model_dir: Path, config: PoolerConfig, load: dict) -> tuple[nn
     if name == "AutoModel":
         model = getattr(model, "base_model", model)
         return model, _pooled_hidden(config.pooling_type)
+    if config.classifier_token_ids is not None:  # a reranker: the full LM head's yes - no at the last token
+        no, yes = config.classifier_token_ids
+
+        def relevance(module: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+            last = module(**inputs).logits[0, -1]
+            return last[[yes]] - last[[no]]
+
+        return model, relevance
     if name == "AutoModelForCausalLM":  # process reward: the LM head's logits of a few ids, every token
         columns = list(config.returned_token_ids or ())
         return model, lambda module, inputs: module(**inputs).logits[0][:, columns]

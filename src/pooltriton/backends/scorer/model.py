@@ -33,6 +33,8 @@ class TritonPythonModel:
         self.mode: str = model.text("mode")
         self.target: str = model.text("model")
         self.output: str = model.text("output")
+        # A decoder reranker reads each pair as one text of its prompt template ({query}, {document}).
+        self.template: str | None = model.text("template", "") or None
 
     def _call(self, parameters: dict, **inputs: list[str]) -> dict[str, np.ndarray]:
         outputs = [self.output, PROMPT_TOKENS] + ([TOKEN_COUNTS] if self.mode == LATE_INTERACTION else [])
@@ -41,6 +43,11 @@ class TritonPythonModel:
     def score(self, queries: list[str], documents: list[str], parameters: dict) -> tuple[np.ndarray, int]:
         """Scores, and the tokens the model read for them (usage)."""
         owner = pair_up(len(queries), len(documents))
+        if self.mode == CROSS_ENCODER and self.template is not None:
+            texts = [self.template.replace("{query}", queries[i]).replace("{document}", d)
+                     for i, d in zip(owner, documents)]
+            result = self._call(parameters, **{TEXT: texts})
+            return result[self.output][:, 0].astype(np.float32), int(result[PROMPT_TOKENS].sum())
         if self.mode == CROSS_ENCODER:
             result = self._call(parameters, **{TEXT: [queries[i] for i in owner], TEXT_PAIR: documents})
             return result[self.output][:, 0].astype(np.float32), int(result[PROMPT_TOKENS].sum())
