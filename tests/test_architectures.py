@@ -64,6 +64,8 @@ def served(request, modern_root: Path, tmp_path_factory: pytest.TempPathFactory)
                                                                      runtime=runtime))
     for case in ST_CASES:
         export_model(build_st(modern_root, *case), ExportOptions(name=st_name(*case), out=repository, runtime=runtime))
+    export_model(build_st(modern_root, "bert", "mean", prompts=True), ExportOptions(name="st_prompts", out=repository,
+                                                                                   runtime=runtime))
     export_model(build(modern_root, "qwen3", "causal"), ExportOptions(
         name="qwen3_reranker", out=repository, runtime=runtime, classifier_from_tokens=("no", "yes"),
         score_template=RERANK_TEMPLATE))
@@ -120,6 +122,33 @@ def test_sentence_transformers_pipelines_served_as_sentence_transformers_encodes
     _family, _mode, dense, normalize = case
     assert (expected.shape[1] == 24) == dense
     assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5) == normalize
+
+
+def test_prompts_are_applied_as_sentence_transformers_applies_them(served, modern_root: Path) -> None:
+    """The model's default prompt when a request names none, the named one otherwise (client and
+    gateway), an unknown name refused with the names; usage counts the prompt's tokens."""
+    import httpx
+    from sentence_transformers import SentenceTransformer
+
+    from conftest import running_gateway
+
+    st = SentenceTransformer(str(build_st(modern_root, "bert", "mean", prompts=True)), device="cpu")
+    texts = TEXTS[:6]
+    default, passage = st.encode(texts), st.encode(texts, prompt_name="passage")
+    assert np.abs(default - passage).max() > 1e-3  # the prompts really change the vectors
+    assert np.abs(served.embed(texts, model="st_prompts") - default).max() <= MAX_ABS
+    assert np.abs(served.embed(texts, model="st_prompts", prompt_name="passage") - passage).max() <= MAX_ABS
+    with running_gateway(served.server_url) as base:
+        answer = httpx.post(f"{base}/v1/embeddings", json={"model": "st_prompts", "input": texts,
+                                                            "prompt_name": "passage"}, timeout=60)
+        unknown = httpx.post(f"{base}/v1/embeddings", json={"model": "st_prompts", "input": texts,
+                                                             "prompt_name": "nope"}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    vectors = np.array([row["embedding"] for row in answer.json()["data"]])
+    assert np.abs(vectors - passage).max() <= MAX_ABS
+    counted = sum(len(st.tokenizer("document: " + t)["input_ids"]) for t in texts)
+    assert answer.json()["usage"]["prompt_tokens"] == counted
+    assert unknown.status_code == 400 and "passage, query" in unknown.json()["error"]["message"]
 
 
 def test_a_decoder_reranker_scores_through_rerank(served, modern_root: Path) -> None:

@@ -181,13 +181,19 @@ def token_id(folder: Path, token: str) -> int:
     return json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"][token]
 
 
-def build_st(root: Path, family: str, pooling_mode: str, dense: bool = False, normalize: bool = True) -> Path:
+PROMPTS = {"query": "query: ", "passage": "document: "}
+
+
+def build_st(root: Path, family: str, pooling_mode: str, dense: bool = False, normalize: bool = True,
+             prompts: bool = False) -> Path:
     """A sentence-transformers model saved by sentence-transformers itself: the tiny `family` encoder,
-    Pooling(`pooling_mode`), optionally a Dense (32 -> 24, tanh) and a Normalize."""
+    Pooling(`pooling_mode`), optionally a Dense (32 -> 24, tanh), a Normalize, and prompts (PROMPTS,
+    "query" by default)."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
 
-    folder = root / f"st-{family}-{pooling_mode}-{'dense' if dense else 'plain'}-{'norm' if normalize else 'raw'}"
+    folder = root / (f"st-{family}-{pooling_mode}-{'dense' if dense else 'plain'}-{'norm' if normalize else 'raw'}"
+                     f"{'-prompts' if prompts else ''}")
     if (folder / "modules.json").is_file():
         return folder
     transformer = Transformer(str(build(root, family, "embed")))
@@ -197,5 +203,6 @@ def build_st(root: Path, family: str, pooling_mode: str, dense: bool = False, no
         modules.append(Dense(transformer.get_word_embedding_dimension(), 24, activation_function=torch.nn.Tanh()))
     if normalize:
         modules.append(Normalize())
-    SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    SentenceTransformer(modules=modules, device="cpu", prompts=PROMPTS if prompts else None,
+                        default_prompt_name="query" if prompts else None).save(str(folder))
     return folder

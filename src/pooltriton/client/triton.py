@@ -192,7 +192,8 @@ class PoolingClient(_Requests):
                **options: Any) -> np.ndarray | list[np.ndarray]:
         """vLLM's `encode(task=...)`: sequence tasks return [n, C]; token tasks a list of [tokens_i, C]
         arrays, exactly each text's real tokens. `task`, when given, must be the model's task.
-        Options: truncate ("NONE" | "END" | "START"), use_activation (bool)."""
+        Options: truncate ("NONE" | "END" | "START"), use_activation (bool), prompt_name (one of the
+        model's sentence-transformers prompts; default: its default prompt)."""
         info = self.info(model)
         requests = self._encode_requests(info, texts, pairs, task, options, priority)
         return protocol.reassemble(info.outputs, [self.infer(r) for r in requests])

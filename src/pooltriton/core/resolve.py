@@ -91,6 +91,10 @@ class PoolerConfig:
     # A causal LM served as a one-label classifier from two tokens' LM-head rows, (no, yes): the logit
     # yes - no, so its sigmoid is the two-way softmax (vLLM's classifier_from_token, Qwen3-Reranker).
     classifier_token_ids: tuple[int, int] | None = None
+    # sentence-transformers prompts (name -> text put before each text) and the one used when a request
+    # names none (config_sentence_transformers.json); applied by the tokenizer stage.
+    prompts: dict[str, str] = field(default_factory=dict, compare=False)
+    default_prompt_name: str | None = None
     self_pooling_head: bool = False  # a classifier whose head pools (the graph runs it whole)
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -111,6 +115,7 @@ class ModelFiles:
     st_pooling: dict[str, Any] | None
     st_bert: dict[str, Any] | None
     tokenizer_config: dict[str, Any]
+    st_config: dict[str, Any] | None = None  # config_sentence_transformers.json (prompts)
 
     @classmethod
     def read(cls, root: str | Path) -> ModelFiles:
@@ -130,6 +135,7 @@ class ModelFiles:
             st_pooling=pooling,
             st_bert=_read_json(root / "sentence_bert_config.json"),
             tokenizer_config=_read_json(root / "tokenizer_config.json") or {},
+            st_config=_read_json(root / "config_sentence_transformers.json"),
         )
 
     @property
@@ -376,9 +382,20 @@ def resolve(
         plain_mask=model_type in PLAIN_MASK_MODEL_TYPES,
         dense_layers=st_dense_layers(files) if resolved_task is Task.EMBED else (),
         classifier_token_ids=(classifier_tokens[0][1], classifier_tokens[1][1]) if classifier_tokens else None,
+        **_prompts(files, resolved_task),
         self_pooling_head=resolved_task is Task.CLASSIFY and model_type in SELF_POOLING_HEAD_MODEL_TYPES,
         sources=sources,
     )
+
+
+def _prompts(files: ModelFiles, task: Task) -> dict[str, Any]:
+    """Embedding prompts as sentence-transformers keeps them; a default must name one of them."""
+    st = files.st_config or {}
+    prompts = {str(k): str(v) for k, v in (st.get("prompts") or {}).items()} if task.is_embedding else {}
+    default = st.get("default_prompt_name") if prompts else None
+    if default is not None and default not in prompts:
+        raise ResolutionError(f"default_prompt_name {default!r} is not one of the model's prompts {sorted(prompts)}")
+    return {"prompts": prompts, "default_prompt_name": default}
 
 
 def _check_task_supported(arch_task: Task, task: Task, architecture: str) -> None:

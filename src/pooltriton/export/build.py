@@ -291,6 +291,10 @@ def pipeline_configs(
         "pad_token_id": pad_token_id,
         "outputs": list(dict.fromkeys([*encoder_inputs, *pooler_extra])),
     }
+    if config.prompts:
+        tokenizer_params["prompts"] = config.prompts
+        if config.default_prompt_name is not None:
+            tokenizer_params["default_prompt_name"] = config.default_prompt_name
     queue = QueuePolicy(options.queue_size, options.queue_timeout_ms * 1000)
     if not ragged:
         tokenizer_params["pad_to_buckets"] = [b for b in BUCKETS if b < config.max_length] + [config.max_length]
@@ -339,6 +343,8 @@ def pipeline_configs(
         ensemble_params["matryoshka_dimensions"] = sorted(options.matryoshka_dimensions)
     if config.labels:
         ensemble_params["labels"] = list(config.labels)
+    if config.prompts:
+        ensemble_params["prompts"] = sorted(config.prompts)
     ensemble = ModelConfig(
         name=names.ensemble, platform="ensemble", max_batch_size=MAX_BATCH_SIZE,
         inputs=text_inputs, outputs=[*public_outputs, prompt_tokens], parameters=ensemble_params,

@@ -187,6 +187,14 @@ class EmbeddingRequest(Options):
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, gt=0)
+    # One of the model's sentence-transformers prompts (text-embeddings-inference's name).
+    prompt_name: str | None = Field(None, max_length=200)
+
+    def parameters(self) -> dict[str, Any]:
+        parameters = super().parameters()
+        if self.prompt_name is not None:
+            parameters["prompt_name"] = self.prompt_name
+        return parameters
 
 
 class CohereEmbedRequest(BaseModel):

@@ -50,6 +50,8 @@ class TritonPythonModel:
         )
         self.outputs: list[str] = model.json("outputs", [INPUT_IDS, ATTENTION_MASK])
         self.buckets: list[int] | None = model.json("pad_to_buckets")
+        self.prompts: dict[str, str] = model.json("prompts", {})
+        self.default_prompt: str | None = model.text("default_prompt_name")
         self.counters = Counters(model.name, ("pooltriton_truncations_total", CANCELLED))
 
     def finalize(self) -> None:
@@ -82,7 +84,8 @@ class TritonPythonModel:
                     continue
                 pair_array = input_array(request, TEXT_PAIR)
                 pairs = decode_texts(pair_array) if pair_array is not None else None
-                parsed.append([texts, pairs, truncation, limit])
+                prompt = self._prompt(parameters.get("prompt_name"))
+                parsed.append([[prompt + t for t in texts] if prompt else texts, pairs, truncation, limit])
             except (InputError, ValueError) as error:
                 parsed.append(InputError(str(error)))
         encoded = iter(self.tokenizer.encode_requests([tuple(p) for p in parsed if isinstance(p, list)]))
@@ -99,6 +102,15 @@ class TritonPythonModel:
             self.counters.add("pooltriton_truncations_total", truncated)
             responses.append(self._response(encodings))
         return responses
+
+    def _prompt(self, name: object) -> str:
+        """The prompt a request names (sentence-transformers' prompt_name), else the model's default."""
+        if name is None:
+            return self.prompts.get(self.default_prompt, "") if self.default_prompt else ""
+        if name not in self.prompts:
+            known = ", ".join(sorted(self.prompts)) or "none"
+            raise InputError(f"unknown prompt_name {name!r}: this model's prompts are {known}")
+        return self.prompts[name]
 
     def _response(self, encodings: list) -> object:
         ids, mask, types, lengths = self.tokenizer.pad(encodings, self.buckets)
