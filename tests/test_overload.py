@@ -31,7 +31,7 @@ def small_queue(tmp_path_factory: pytest.TempPathFactory):
     """minilm as exported by default, with queues of QUEUE_SIZE requests and a TIMEOUT_S timeout."""
     repository = tmp_path_factory.mktemp("small_queue")
     assert "minilm" in exported_defaults()
-    for stage in stages("minilm"):
+    for stage in (*stages("minilm"), "minilm_zero_shot"):
         if (REPOSITORY / stage).is_dir():
             shutil.copytree(REPOSITORY / stage, repository / stage)
     for config in repository.glob("*/config.pbtxt"):
@@ -109,3 +109,41 @@ def test_gateway_turns_overload_into_429_with_retry_after(small_queue) -> None:
         if response.status_code == 429:
             assert response.headers["retry-after"] == "1"
             assert "overloaded" in response.json()["error"]["message"]
+
+
+def test_a_scorer_and_a_plugin_behind_an_overloaded_ensemble_answer_retryably(small_queue) -> None:
+    """Errors keep their code through BLS: the ensemble's full queue reaches the callers of the scorer
+    and of the plugin as a retryable UNAVAILABLE (503), never as the caller's bad input (400)."""
+    texts = _texts()
+
+    async def flood(call) -> list[int]:
+        statuses: list[int] = []
+        async with AsyncPoolingClient(small_queue.grpc_url, retries=1) as client:
+            await client.info("minilm")
+
+            async def one() -> None:
+                try:
+                    await call(client)
+                    statuses.append(200)
+                except Exception as error:
+                    statuses.append(classify(error).status)
+
+            await asyncio.gather(*(one() for _ in range(CLIENTS)))
+        return statuses
+
+    scores = asyncio.run(flood(lambda client: client.score(texts[0], texts, model="minilm")))
+    plugin = asyncio.run(flood(lambda client: client.plugin("minilm_zero_shot", texts, labels=["a", "b"])))
+    for statuses in (scores, plugin):
+        assert set(statuses) <= {200, 503} and 200 in statuses and 503 in statuses, statuses
+
+
+def test_a_plugin_that_fails_answers_500_and_the_server_keeps_serving(small_queue) -> None:
+    """A plugin's own bug (here zero_shot formatting a template that is not a string) is the server's
+    fault: INTERNAL / 500, not the caller's bad input; the next request is answered."""
+    from tritonclient.utils import InferenceServerException
+
+    with PoolingClient(small_queue.grpc_url, protocol="grpc") as client:
+        with pytest.raises(InferenceServerException) as failure:
+            client.plugin("minilm_zero_shot", ["a text"], labels=["a", "b"], template=5)
+        assert classify(failure.value).status == 500 and "AttributeError" in str(failure.value)
+        assert client.plugin("minilm_zero_shot", ["a text"], labels=["a", "b"])[0]["label"] in ("a", "b")

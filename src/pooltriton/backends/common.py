@@ -47,9 +47,28 @@ def request_parameters(request: Any) -> dict[str, Any]:
     return json.loads(raw) if raw else {}
 
 
-def error_response(message: str) -> Any:
-    """A client error (HTTP 400 / gRPC INVALID_ARGUMENT) for this request only."""
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG))
+def error_response(message: str, code: int | None = None) -> Any:
+    """An error for this request only: by default a client error (HTTP 400 / gRPC INVALID_ARGUMENT)."""
+    code = pb_utils.TritonError.INVALID_ARG if code is None else code
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
+def internal_error(message: str) -> Any:
+    """The stage's own failure (HTTP 500 / gRPC INTERNAL), not the caller's input."""
+    return error_response(message, pb_utils.TritonError.INTERNAL)
+
+
+class CalledModelError(Exception):
+    """An error of a model called over BLS, with its Triton code kept: the caller answers with the same
+    code (bad input stays 400, a full queue stays a retryable UNAVAILABLE, a crash stays 500)."""
+
+    def __init__(self, model: str, error: Any) -> None:
+        super().__init__(error.message())
+        self.model = model
+        self.code = error.code() if hasattr(error, "code") else pb_utils.TritonError.INTERNAL
+
+    def response(self) -> Any:
+        return error_response(str(self), self.code)
 
 
 CANCELLED = "pooltriton_cancelled_requests_total"
@@ -74,14 +93,12 @@ def skip_cancelled(requests: list, compute: Callable[[list], list], counters: Co
 def call_model(model: str, inputs: dict[str, list[str]], outputs: list[str],
                parameters: dict[str, Any]) -> dict[str, Any]:
     """BLS: send texts ([n, 1] BYTES per input) to another model of this server and read its outputs.
-    An error from it (bad input, over-length, ...) becomes an InputError for the caller's request."""
-    from pooltriton.core.tokenization import InputError
-
+    An error from it is raised as CalledModelError with its code."""
     tensors = [pb_utils.Tensor(name, text_array(texts, batched=True)) for name, texts in inputs.items()]
     response = pb_utils.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=outputs,
                                          parameters=parameters).exec()
     if response.has_error():
-        raise InputError(response.error().message())
+        raise CalledModelError(model, response.error())
     return {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in outputs}
 
 

@@ -8,7 +8,15 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from pooltriton.backends.common import ModelArgs, call_model, error_response, input_array, request_parameters
+from pooltriton.backends.common import (
+    CalledModelError,
+    ModelArgs,
+    call_model,
+    error_response,
+    input_array,
+    internal_error,
+    request_parameters,
+)
 from pooltriton.contract import PLUGIN_INPUT, PLUGIN_OUTPUT, TEXT
 from pooltriton.core.plugins import get_plugin
 from pooltriton.core.tokenization import InputError, decode_texts
@@ -17,7 +25,8 @@ from pooltriton.core.tokenization import InputError, decode_texts
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         model = ModelArgs(args)
-        self.plugin = get_plugin(model.text("plugin"), model.text("module"))
+        self.name = model.text("plugin")
+        self.plugin = get_plugin(self.name, model.text("module"))
         self.target: str = model.text("model")
         self.outputs: list[str] = model.json("outputs")
 
@@ -36,6 +45,10 @@ class TritonPythonModel:
                 answers = self.plugin.post_process(inputs, self._call(texts, parameters), parameters)
                 encoded = np.array([json.dumps(a).encode() for a in answers], dtype=np.object_)
                 responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(PLUGIN_OUTPUT, encoded)]))
-            except (InputError, ValueError, KeyError) as error:
+            except CalledModelError as error:  # the wrapped ensemble's own code (a full queue stays retryable)
+                responses.append(error.response())
+            except (InputError, ValueError) as error:  # the plugin refused the input
                 responses.append(error_response(f"plugin: {error}"))
+            except Exception as error:  # the plugin's own bug: the server's fault, and it keeps serving
+                responses.append(internal_error(f"plugin {self.name} failed: {type(error).__name__}: {error}"))
         return responses

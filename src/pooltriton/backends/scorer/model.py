@@ -10,7 +10,14 @@ from __future__ import annotations
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from pooltriton.backends.common import ModelArgs, call_model, error_response, input_array, request_parameters
+from pooltriton.backends.common import (
+    CalledModelError,
+    ModelArgs,
+    call_model,
+    error_response,
+    input_array,
+    request_parameters,
+)
 from pooltriton.contract import (
     BI_ENCODER,
     CROSS_ENCODER,
@@ -71,6 +78,8 @@ class TritonPythonModel:
                 scores, read = self.score(queries, documents, request_parameters(request))
                 responses.append(pb_utils.InferenceResponse([
                     pb_utils.Tensor(SCORES, scores), pb_utils.Tensor(PROMPT_TOKENS, np.array([read], dtype=np.int64))]))
+            except CalledModelError as error:  # the ensemble's own code: 400, a retryable 503, ...
+                responses.append(error.response())
             except (InputError, ValueError) as error:
                 responses.append(error_response(str(error)))
         return responses
