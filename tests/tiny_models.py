@@ -122,10 +122,10 @@ def _modern_config(family: str, common: dict):
                                position_buckets=16, pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm",
                                share_att_key=True, **common)
     if family == "modernbert":
-        return ModernBertConfig(**size, max_position_embeddings=512, global_attn_every_n_layers=3,
+        return ModernBertConfig(**size, max_position_embeddings=128, global_attn_every_n_layers=3,
                                 local_attention=WINDOW, cls_token_id=2, sep_token_id=3, bos_token_id=2,
                                 eos_token_id=3, **common)
-    decoder = {**size, "num_key_value_heads": 2, "max_position_embeddings": 512, "bos_token_id": None,
+    decoder = {**size, "num_key_value_heads": 2, "max_position_embeddings": 128, "bos_token_id": None,
                "eos_token_id": None, **common}
     if family == "qwen3":
         return Qwen3Config(head_dim=32, tie_word_embeddings=False, **decoder)
