@@ -57,24 +57,36 @@ def modern_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module", params=["onnx", "torchscript"])
 def served(request, modern_root: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Every family and task in both formats. The sentence-transformers pipelines (pooling modes inside
+    the graph) go to the ONNX server, the prompts and the reranker (stages around an ordinary graph) to
+    the TorchScript one: an ONNX export costs ~10 s here, a TorchScript one ~1 s."""
     runtime = request.param
     repository = tmp_path_factory.mktemp(f"modern_{runtime}")
     for family, head in CASES:
         export_model(build(modern_root, family, head), ExportOptions(name=name_of(family, head), out=repository,
                                                                      runtime=runtime))
-    for case in ST_CASES:
-        export_model(build_st(modern_root, *case), ExportOptions(name=st_name(*case), out=repository, runtime=runtime))
-    export_model(build_st(modern_root, "bert", "mean", prompts=True), ExportOptions(name="st_prompts", out=repository,
-                                                                                   runtime=runtime))
-    export_model(build(modern_root, "qwen3", "causal"), ExportOptions(
-        name="qwen3_reranker", out=repository, runtime=runtime, classifier_from_tokens=("no", "yes"),
-        score_template=RERANK_TEMPLATE))
+    if runtime == "onnx":
+        for case in ST_CASES:
+            export_model(build_st(modern_root, *case), ExportOptions(name=st_name(*case), out=repository,
+                                                                     runtime=runtime))
+    else:
+        export_model(build_st(modern_root, "bert", "mean", prompts=True),
+                     ExportOptions(name="st_prompts", out=repository, runtime=runtime))
+        export_model(build(modern_root, "qwen3", "causal"), ExportOptions(
+            name="qwen3_reranker", out=repository, runtime=runtime, classifier_from_tokens=("no", "yes"),
+            score_template=RERANK_TEMPLATE))
     server = start_server(repository, repository / "server.log")
     client = PoolingClient(server.grpc_url, protocol="grpc")
-    client.server_url = server.grpc_url
+    client.served_by = server  # the gateway tests reach the same server (its admin key included)
+    client.runtime = runtime
     yield client
     client.close()
     assert server.stop() == 0
+
+
+def only_on(served, runtime: str) -> None:
+    if served.runtime != runtime:
+        pytest.skip(f"exported to the {runtime} server only (see the served fixture)")
 
 
 def reference(folder: Path, head: str, texts: list[str]) -> list[np.ndarray]:
@@ -115,6 +127,7 @@ def test_sentence_transformers_pipelines_served_as_sentence_transformers_encodes
     """Pooling modes, Dense (with its activation) and Normalize or its absence, as the library runs them."""
     from sentence_transformers import SentenceTransformer
 
+    only_on(served, "onnx")
     folder = build_st(modern_root, *case)
     expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, batch_size=1)
     got = served.embed(TEXTS, model=st_name(*case))
@@ -132,13 +145,14 @@ def test_prompts_are_applied_as_sentence_transformers_applies_them(served, moder
 
     from conftest import running_gateway
 
+    only_on(served, "torchscript")
     st = SentenceTransformer(str(build_st(modern_root, "bert", "mean", prompts=True)), device="cpu")
     texts = TEXTS[:6]
     default, passage = st.encode(texts), st.encode(texts, prompt_name="passage")
     assert np.abs(default - passage).max() > 1e-3  # the prompts really change the vectors
     assert np.abs(served.embed(texts, model="st_prompts") - default).max() <= MAX_ABS
     assert np.abs(served.embed(texts, model="st_prompts", prompt_name="passage") - passage).max() <= MAX_ABS
-    with running_gateway(served.server_url) as base:
+    with running_gateway(served.served_by.grpc_url, admin_key=served.served_by.admin_key) as base:
         answer = httpx.post(f"{base}/v1/embeddings", json={"model": "st_prompts", "input": texts,
                                                             "prompt_name": "passage"}, timeout=60)
         unknown = httpx.post(f"{base}/v1/embeddings", json={"model": "st_prompts", "input": texts,
@@ -159,9 +173,10 @@ def test_a_decoder_reranker_scores_through_rerank(served, modern_root: Path) -> 
 
     from conftest import running_gateway
 
+    only_on(served, "torchscript")
     folder = build(modern_root, "qwen3", "causal")
     query, documents = "a man eats food", ["the dog runs quickly over the bridge", "a man eats bread", "night"]
-    with running_gateway(served.server_url) as base:
+    with running_gateway(served.served_by.grpc_url, admin_key=served.served_by.admin_key) as base:
         response = httpx.post(f"{base}/v1/rerank", json={"model": "qwen3_reranker", "query": query,
                                                           "documents": documents}, timeout=60)
     assert response.status_code == 200, response.text

@@ -197,10 +197,10 @@ def build_st(root: Path, family: str, pooling_mode: str, dense: bool = False, no
     if (folder / "modules.json").is_file():
         return folder
     transformer = Transformer(str(build(root, family, "embed")))
-    modules = [transformer, Pooling(transformer.get_word_embedding_dimension(), pooling_mode)]
+    modules = [transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode)]
     if dense:
         torch.manual_seed(7)
-        modules.append(Dense(transformer.get_word_embedding_dimension(), 24, activation_function=torch.nn.Tanh()))
+        modules.append(Dense(transformer.get_embedding_dimension(), 24, activation_function=torch.nn.Tanh()))
     if normalize:
         modules.append(Normalize())
     SentenceTransformer(modules=modules, device="cpu", prompts=PROMPTS if prompts else None,
