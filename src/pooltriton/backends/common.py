@@ -58,14 +58,32 @@ def internal_error(message: str) -> Any:
     return error_response(message, pb_utils.TritonError.INTERNAL)
 
 
+# Triton 2.51's Python backend hands every BLS error back as INTERNAL, whatever the called model
+# answered (measured: a full queue behind the scorer arrived as INTERNAL "Exceeds maximum queue size").
+# Where the code is lost, Triton's own fixed rejection messages say that a retry may succeed; the rest
+# are the called stages' refusals of the input (our stages answer INVALID_ARG for all they refuse).
+RETRYABLE_CORE_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired", "is not healthy",
+                           "is not ready", "is not found", "has no available versions")
+
+
+def called_model_code(code: Any, message: str) -> Any:
+    """The code a BLS error stands for: its own where Triton kept it, else recovered (see above)."""
+    if code != pb_utils.TritonError.INTERNAL:
+        return code
+    if any(fragment in message for fragment in RETRYABLE_CORE_MESSAGES):
+        return pb_utils.TritonError.UNAVAILABLE
+    return pb_utils.TritonError.INVALID_ARG
+
+
 class CalledModelError(Exception):
     """An error of a model called over BLS, with its Triton code kept: the caller answers with the same
-    code (bad input stays 400, a full queue stays a retryable UNAVAILABLE, a crash stays 500)."""
+    code (bad input stays 400, a full queue or a restarting stage a retryable UNAVAILABLE)."""
 
     def __init__(self, model: str, error: Any) -> None:
         super().__init__(error.message())
         self.model = model
-        self.code = error.code() if hasattr(error, "code") else pb_utils.TritonError.INTERNAL
+        self.code = called_model_code(error.code() if hasattr(error, "code") else pb_utils.TritonError.INTERNAL,
+                                      error.message())
 
     def response(self) -> Any:
         return error_response(str(self), self.code)
