@@ -211,10 +211,14 @@ def test_metrics_count_by_route_template_with_bounded_series(http) -> None:
             scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
                      "scheme": "http", "path": f"/scan/{i}", "raw_path": f"/scan/{i}".encode(),
                      "query_string": b"", "headers": [], "client": ("127.0.0.1", 1), "server": ("test", 80)}
-            sent = []
+            sent, asked = [], []
 
-            async def receive() -> dict:
-                return {"type": "http.request", "body": b"", "more_body": False}
+            async def receive(asked=asked) -> dict:
+                if not asked:  # the body; after it, like a server whose client stays connected: wait
+                    asked.append(True)
+                    return {"type": "http.request", "body": b"", "more_body": False}
+                await asyncio.Event().wait()
+                return {"type": "http.disconnect"}
 
             async def send(message: dict, sent=sent) -> None:
                 sent.append(message)
@@ -235,3 +239,22 @@ def test_metrics_count_by_route_template_with_bounded_series(http) -> None:
     duration = "pooltriton_gateway_request_duration_seconds_count"
     assert samples[(duration, (("route", "unmatched"),))] == 10_001
     assert len(samples) < 100
+
+
+def test_bodies_over_the_limit_get_413_over_real_http(fake) -> None:
+    """Through uvicorn (real HTTP, fake Triton): a 20 MB body gets its 413 (it used to be a reset
+    connection), so does a chunked body that states no length, both are counted, and the next request
+    is served."""
+    import httpx
+
+    from conftest import running_gateway
+
+    with running_gateway("unused:0", client=fake) as base, httpx.Client(base_url=base, timeout=60) as http:
+        json_type = {"content-type": "application/json"}
+        huge = http.post("/v1/embeddings", content=b"x" * (20 << 20), headers=json_type)
+        assert huge.status_code == 413 and "request body over" in huge.json()["error"]["message"]
+        chunked = http.post("/v1/embeddings", content=(b"x" * (1 << 20) for _ in range(12)), headers=json_type)
+        assert chunked.status_code == 413 and "content-length" not in chunked.request.headers
+        assert http.post("/v1/embeddings", json={"model": "emb", "input": "x"}).status_code == 200
+        samples = _samples(http.get("/metrics").text)
+    assert samples[("pooltriton_gateway_requests_total", (("route", "/v1/embeddings"), ("status", "413")))] == 2

@@ -55,6 +55,7 @@ from pooltriton.contract import (
 from pooltriton.contract import requests as protocol
 from pooltriton.contract.config import read_parameters
 from pooltriton.contract.requests import ModelInfo, TritonRequest, classify, model_info
+from pooltriton.gateway.body_limit import BodyLimit
 from pooltriton.gateway.disconnect import CancelOnDisconnect
 from pooltriton.gateway.metrics import CLIENT_CLOSED, GatewayMetrics
 from pooltriton.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -297,6 +298,9 @@ def create_app(triton_url: str, api_key: str | None = None, client: Any | None =
     app = FastAPI(title="pooltriton gateway", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-, Cohere- and vLLM-compatible pooling API in front of Triton")
 
+    # Innermost: the guard below sees (and counts) its 413s; bodies are bounded however they are framed.
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, error_body=error_body)
+
     @app.middleware("http")
     async def guard(request: Request, call_next):
         started = time.monotonic()
@@ -305,10 +309,6 @@ def create_app(triton_url: str, api_key: str | None = None, client: Any | None =
             if not hmac.compare_digest(given, f"Bearer {api_key}".encode()):  # constant time
                 return JSONResponse(error_body(401, "missing or wrong API key (Authorization: Bearer ...)",
                                                "authentication_error"), status_code=401)
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            return JSONResponse(error_body(413, f"request body over {MAX_BODY_BYTES} bytes", "invalid_request_error"),
-                                status_code=413)
         response = await call_next(request)
         seconds = time.monotonic() - started
         observed.observe(request.scope, response.status_code, seconds)
