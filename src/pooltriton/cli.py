@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                         "this CPU runs it natively, else fp32 (see `pooltriton capabilities`). A precision the CPU "
                         "cannot run natively is an error")
     export.add_argument("--tolerance", type=float, metavar="T",
-                        help="verification bound against PyTorch fp64: fp32 |Δ| <= 8 x fp32's own noise + "
+                        help="verification bound against the reference in fp64: fp32 |Δ| <= 8 x its fp32 noise + "
                         f"T x (1 + max |reference|) (default {TOLERANCES[FP32]:g}); bf16/fp16 cosine mean >= 1 - T, "
                         f"min >= 1 - 4T (default {TOLERANCES[BF16]:g})")
     export.add_argument("--device", choices=[CPU, CUDA], default=CPU,

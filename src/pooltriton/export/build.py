@@ -343,8 +343,6 @@ def pipeline_configs(
         ensemble_params["matryoshka_dimensions"] = sorted(options.matryoshka_dimensions)
     if config.labels:
         ensemble_params["labels"] = list(config.labels)
-    if config.prompts:
-        ensemble_params["prompts"] = sorted(config.prompts)
     ensemble = ModelConfig(
         name=names.ensemble, platform="ensemble", max_batch_size=MAX_BATCH_SIZE,
         inputs=text_inputs, outputs=[*public_outputs, prompt_tokens], parameters=ensemble_params,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -125,13 +126,8 @@ def _load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: boo
         from transformers import AutoModelForCausalLM
 
         full = AutoModelForCausalLM.from_pretrained(model_dir, **load)
-        lm_head = full.get_output_embeddings()
         no, yes = config.classifier_token_ids
-        head = nn.Linear(lm_head.in_features, 1, bias=lm_head.bias is not None)
-        with torch.no_grad():
-            head.weight.copy_(lm_head.weight[yes] - lm_head.weight[no])
-            if lm_head.bias is not None:
-                head.bias.copy_(lm_head.bias[yes] - lm_head.bias[no])
+        head = _lm_head_rows(full.get_output_embeddings(), lambda rows: rows[[yes]] - rows[[no]])
         network = full.base_model
     elif config.task is Task.CLASSIFY:
         full = AutoModelForSequenceClassification.from_pretrained(model_dir, **load)
@@ -148,12 +144,8 @@ def _load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: boo
         from transformers import AutoModelForCausalLM
 
         full = AutoModelForCausalLM.from_pretrained(model_dir, **load)
-        lm_head = full.get_output_embeddings()
-        head = nn.Linear(lm_head.in_features, len(config.returned_token_ids), bias=lm_head.bias is not None)
-        with torch.no_grad():
-            head.weight.copy_(lm_head.weight[list(config.returned_token_ids)])
-            if lm_head.bias is not None:
-                head.bias.copy_(lm_head.bias[list(config.returned_token_ids)])
+        ids = list(config.returned_token_ids)
+        head = _lm_head_rows(full.get_output_embeddings(), lambda rows: rows[ids])
         network = full.base_model
     elif config.task is Task.TOKEN_CLASSIFY:
         network = AutoModelForTokenClassification.from_pretrained(model_dir, **load)
@@ -165,6 +157,18 @@ def _load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: boo
     encoder = PoolingEncoder(network, config, encoder_input_names(network, hf_config), config.causal, head,
                              returns_logits, hf_config)
     return encoder.eval()
+
+
+def _lm_head_rows(lm_head: nn.Linear, pick: Callable[[torch.Tensor], torch.Tensor]) -> nn.Linear:
+    """A linear head made of rows of the LM head (`pick` applies to its weight and to its bias alike):
+    a few vocabulary ids' logits (process reward) or a difference of two (a reranker's yes - no)."""
+    weight = pick(lm_head.weight)
+    head = nn.Linear(lm_head.in_features, weight.shape[0], bias=lm_head.bias is not None)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+        if lm_head.bias is not None:
+            head.bias.copy_(pick(lm_head.bias))
+    return head
 
 
 def _st_dense(folder: Path, allow_pickle: bool) -> nn.Module:

@@ -12,6 +12,7 @@ Each text runs alone, unpadded, so batching and padding in the export are checke
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,12 +34,10 @@ class Reference:
         self.description = description
         module, self._compute = build()
         self._modules = {torch.float32: module.float().eval()}
-        self._build = build
 
     def _module(self, dtype: torch.dtype) -> nn.Module:
         if dtype not in self._modules:
-            module, _ = self._build()
-            self._modules[dtype] = module.to(dtype).eval()
+            self._modules[dtype] = copy.deepcopy(self._modules[torch.float32]).to(dtype).eval()
         return self._modules[dtype]
 
     def run(self, feeds: dict[str, np.ndarray], dtype: torch.dtype) -> list[np.ndarray]:

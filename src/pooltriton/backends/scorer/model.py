@@ -50,13 +50,13 @@ class TritonPythonModel:
     def score(self, queries: list[str], documents: list[str], parameters: dict) -> tuple[np.ndarray, int]:
         """Scores, and the tokens the model read for them (usage)."""
         owner = pair_up(len(queries), len(documents))
-        if self.mode == CROSS_ENCODER and self.template is not None:
-            texts = [self.template.replace("{query}", queries[i]).replace("{document}", d)
-                     for i, d in zip(owner, documents)]
-            result = self._call(parameters, **{TEXT: texts})
-            return result[self.output][:, 0].astype(np.float32), int(result[PROMPT_TOKENS].sum())
         if self.mode == CROSS_ENCODER:
-            result = self._call(parameters, **{TEXT: [queries[i] for i in owner], TEXT_PAIR: documents})
+            if self.template is not None:
+                pairs = {TEXT: [self.template.replace("{query}", queries[i]).replace("{document}", d)
+                                for i, d in zip(owner, documents)]}
+            else:
+                pairs = {TEXT: [queries[i] for i in owner], TEXT_PAIR: documents}
+            result = self._call(parameters, **pairs)
             return result[self.output][:, 0].astype(np.float32), int(result[PROMPT_TOKENS].sum())
         result = self._call(parameters, **{TEXT: queries + documents})
         read = int(result[PROMPT_TOKENS].sum())
