@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pooltriton.backends.ragged import RaggedStats, plan_chunks, run_ragged, sequentially
+from pooltriton.backends.ragged import MemoryModel, RaggedStats, plan_chunks, run_ragged, sequentially
 from pooltriton.contract.config import DynamicBatching, ModelConfig, Tensor
 from pooltriton.core.resolve import resolve
 from pooltriton.core.semantics import Activation, PoolingType, Task, Truncation
@@ -82,6 +82,22 @@ def test_plan_chunks_sorts_and_respects_budget() -> None:
     assert [sorted(c.tolist()) for c in chunks] == [[6], [1, 4], [5], [0, 2, 3]]
     for chunk in chunks:
         assert len(chunk) * lengths[chunk].max() <= 600 or len(chunk) == 1
+
+
+def test_plan_chunks_bounds_attention_memory_by_the_square_of_the_width() -> None:
+    # 4 heads x 4 copies + 2 masks, 4 bytes: 80 bytes per query-key cell, 12 KB per token of a row.
+    memory = MemoryModel(token_bytes=12288, cell_bytes=80, budget=6 << 30)
+    lengths = np.array([8192, 8192, 4096, 4096, 4096, 100, 100])
+    # The token budget alone would put the two 4096s and the 100s together; the memory may not.
+    chunks = plan_chunks(lengths, token_budget=1 << 20, max_rows=64, call_cost=64, memory=memory)
+    assert sorted(np.concatenate(chunks).tolist()) == list(range(7))
+    for chunk in chunks:
+        assert len(chunk) == 1 or len(chunk) * memory.row_bytes(int(lengths[chunk].max())) <= memory.budget
+    assert [len(c) for c in chunks] == [1, 1, 3, 2]  # 8192 alone (each 5.5 GB), three 4096s (4.2 GB), the 100s
+    # The longest row that fits alone, exactly at the edge.
+    longest = memory.longest()
+    assert memory.row_bytes(longest) <= memory.budget < memory.row_bytes(longest + 1)
+    assert 8192 < longest < 9000
 
 
 def test_plan_chunks_trades_padding_against_calls() -> None:

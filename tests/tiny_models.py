@@ -45,7 +45,9 @@ ENCODERS = ("bert", "xlmr", "distilbert")
 MODERN = ("roberta", "mpnet", "deberta_v2", "modernbert", "qwen3", "mistral", "gemma3", "gemma3_bidirectional")
 MODERN_ENCODERS = ("roberta", "mpnet", "deberta_v2", "modernbert", "gemma3_bidirectional")
 WINDOW = 8
-_TOKENIZER_KIND = {"distilbert": "bert", "deberta_v2": "bert", "modernbert": "bert", "roberta": "xlmr",
+# ModernBERT at its real 8,192-token limit (the long-input test; not in the matrix).
+LONG = "modernbert_long"
+_TOKENIZER_KIND = {"distilbert": "bert", "deberta_v2": "bert", "modernbert": "bert", LONG: "bert", "roberta": "xlmr",
                    "mpnet": "xlmr"}
 STEP_TAG = "<step>"
 
@@ -95,7 +97,7 @@ def _config(family: str, vocab_size: int, pad_id: int, **extra):
                                 **common)
     if family == "distilbert":
         return DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=128, **common)
-    if family in MODERN:
+    if family in MODERN or family == LONG:
         return _modern_config(family, common)
     if family == "gpt2":
         return GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, bos_token_id=pad_id,
@@ -121,8 +123,9 @@ def _modern_config(family: str, common: dict):
         return DebertaV2Config(**size, max_position_embeddings=128, type_vocab_size=0, relative_attention=True,
                                position_buckets=16, pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm",
                                share_att_key=True, **common)
-    if family == "modernbert":
-        return ModernBertConfig(**size, max_position_embeddings=128, global_attn_every_n_layers=3,
+    if family in ("modernbert", LONG):
+        return ModernBertConfig(**size, max_position_embeddings=8192 if family == LONG else 128,
+                                global_attn_every_n_layers=3,
                                 local_attention=WINDOW, cls_token_id=2, sep_token_id=3, bos_token_id=2,
                                 eos_token_id=3, **common)
     decoder = {**size, "num_key_value_heads": 2, "max_position_embeddings": 128, "bos_token_id": None,

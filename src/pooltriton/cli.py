@@ -74,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--tensorrt", action="store_true",
                         help="onnx on cuda: TensorRT as the native onnxruntime backend's accelerator (fp32)")
     export.add_argument("--encoder-threads", type=int, default=2, help="intra-op threads of the encoder")
+    export.add_argument("--memory-budget-mb", type=int, default=0,
+                        help="memory the encoder may hold at once, shared by its instances and streams (ragged "
+                        "batching plans chunks within it); a text that alone needs more is refused with a 400 "
+                        "(default 0: half the serving machine's memory)")
     export.add_argument("--queue-size", type=int, default=QUEUE_SIZE,
                         help="waiting requests per batched stage; more are rejected at once (UNAVAILABLE / 503)")
     export.add_argument("--queue-timeout-ms", type=int, default=QUEUE_TIMEOUT_MS,
@@ -139,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             precision=args.precision, device=args.device,
             matryoshka_dimensions=args.matryoshka_dimensions,
             batching=args.batching, tensorrt=args.tensorrt, encoder_threads=args.encoder_threads,
-            tolerance=args.tolerance,
+            tolerance=args.tolerance, memory_budget_mb=args.memory_budget_mb,
             queue_size=args.queue_size, queue_timeout_ms=args.queue_timeout_ms,
             allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code,
             classifier_from_tokens=args.classifier_from_tokens, score_template=args.score_template,

@@ -8,8 +8,10 @@ Sorting keeps padding small however the requests arrive (issue 5's benchmark mea
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -22,6 +24,45 @@ MAX_ROWS = 64
 CALL_COST_TOKENS = 64
 
 
+@dataclass(frozen=True)
+class MemoryModel:
+    """What one row of a chunk holds at the peak of an encoder layer: activations that grow with its
+    width and attention scores that grow with its square (every head, and their masked and softmaxed
+    copies). The export writes the per-token and per-cell bytes from the model's config; `budget` is
+    what one chunk may hold (the shim's share of this machine's memory)."""
+
+    token_bytes: int
+    cell_bytes: int
+    budget: int
+
+    def row_bytes(self, width: int | np.ndarray) -> int | np.ndarray:
+        return width * self.token_bytes + width * width * self.cell_bytes
+
+    def longest(self) -> int:
+        """The most tokens one row may have within the budget."""
+        a, b = self.cell_bytes, self.token_bytes
+        width = int((-b + (b * b + 4 * a * self.budget) ** 0.5) / (2 * a)) if a else self.budget // max(b, 1)
+        while width > 0 and self.row_bytes(width) > self.budget:
+            width -= 1
+        return width
+
+
+def machine_memory() -> int:
+    """Bytes of memory this process may use: the machine's, or its cgroup's limit when lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        return total
+    return min(total, int(limit)) if limit.isdigit() else total
+
+
+def memory_budget(configured: int, sharers: int) -> int:
+    """Bytes one chunk may hold: as configured, or (0) half this machine's memory shared by the chunks
+    that may run at once (encoder instances x concurrent streams)."""
+    return configured // sharers if configured else machine_memory() // 2 // sharers
+
+
 @dataclass
 class RaggedStats:
     real_tokens: int = 0
@@ -30,9 +71,11 @@ class RaggedStats:
 
 
 def plan_chunks(lengths: np.ndarray, token_budget: int = TOKEN_BUDGET, max_rows: int = MAX_ROWS,
-                call_cost: int = CALL_COST_TOKENS) -> list[np.ndarray]:
+                call_cost: int = CALL_COST_TOKENS, memory: MemoryModel | None = None) -> list[np.ndarray]:
     """Indices of rows grouped into chunks of consecutive lengths (longest first), each with
-    rows * longest <= budget (or one row), minimising padded positions + call_cost per chunk.
+    rows * longest <= budget and rows * memory.row_bytes(longest) <= memory.budget (or one row: rows
+    too long for the memory are the caller's to refuse), minimising padded positions + call_cost per
+    chunk.
 
     Dynamic programming over the sorted lengths: best[e] is the cheapest plan for the e longest
     rows, ending in a chunk [s, e) whose width is the length at s. At most max_rows candidates per
@@ -47,7 +90,10 @@ def plan_chunks(lengths: np.ndarray, token_budget: int = TOKEN_BUDGET, max_rows:
         starts = np.arange(max(0, end - max_rows), end)
         rows = end - starts
         cost = best[starts] + rows * widths[starts] + call_cost
-        cost[(rows * widths[starts] > token_budget) & (rows > 1)] = np.iinfo(np.int64).max
+        over = rows * widths[starts] > token_budget
+        if memory is not None:
+            over |= rows * memory.row_bytes(widths[starts]) > memory.budget
+        cost[over & (rows > 1)] = np.iinfo(np.int64).max
         pick = int(np.argmin(cost))
         best[end], cut[end] = cost[pick], starts[pick]
     chunks, end = [], count
@@ -75,6 +121,7 @@ def run_ragged(
     token_budget: int = TOKEN_BUDGET,
     single_row_multiple: int = 1,
     max_width: int = 0,
+    memory: MemoryModel | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """`requests[i][name]` is [n_i, L_i]; returns per request {output: [n_i, ...]}. `run_chunks` gets
     every chunk of the batch at once, so a runtime with several streams can run them concurrently.
@@ -99,7 +146,7 @@ def run_ragged(
         widths.append(width)
     lengths_arr = np.asarray(lengths)
     results: list[dict[str, np.ndarray] | None] = [None] * len(owner)
-    chunks = plan_chunks(lengths_arr, token_budget)
+    chunks = plan_chunks(lengths_arr, token_budget, memory=memory)
     all_feeds = []
     for chunk in chunks:
         width = max(int(lengths_arr[chunk].max()), 1)

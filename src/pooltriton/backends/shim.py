@@ -14,14 +14,15 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from pooltriton.backends.common import CANCELLED, Counters, ModelArgs, input_array, skip_cancelled
-from pooltriton.backends.ragged import TOKEN_BUDGET, RaggedStats, run_ragged
+from pooltriton.backends.common import CANCELLED, Counters, ModelArgs, error_response, input_array, skip_cancelled
+from pooltriton.backends.ragged import TOKEN_BUDGET, MemoryModel, RaggedStats, memory_budget, run_ragged
 from pooltriton.contract import INPUT_IDS
 
 
 class EncoderShim:
     default_filename = "model"
     single_row_multiple = 1  # see run_ragged
+    concurrent_chunks = 1  # chunks in memory at once (OpenVINO's streams run them together)
 
     def load(self, path: Path, model: ModelArgs) -> None:
         raise NotImplementedError
@@ -46,6 +47,12 @@ class EncoderShim:
         self.max_width = model.integer("max_length", 0)
         self.counters = Counters(model.name, ("pooltriton_tokens_total", "pooltriton_padding_tokens_total", CANCELLED))
         self.load(model.version_dir / filename, model)
+        self.memory = None
+        if model.integer("memory_per_token") is not None:
+            instances = sum(group.get("count", 1) for group in model.config.get("instance_group", [])) or 1
+            budget = memory_budget(model.integer("memory_budget", 0), instances * self.concurrent_chunks)
+            self.memory = MemoryModel(model.integer("memory_per_token"), model.integer("memory_per_attention_cell"),
+                                      budget)
 
     def _run_chunks(self, chunks: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         return [dict(zip(self.output_names, outputs)) for outputs in self.run_chunks(chunks)]
@@ -58,14 +65,36 @@ class EncoderShim:
 
     def _execute(self, requests: list) -> list:
         batch = [{name: input_array(request, name) for name in self.input_names} for request in requests]
+        responses = [self._too_long(feeds) for feeds in batch]
+        runnable = [index for index, refused in enumerate(responses) if refused is None]
+        if not runnable:
+            return responses
         real, computed = self.stats.real_tokens, self.stats.computed_tokens
-        outputs = run_ragged(batch, self._run_chunks, self.per_token, self.pad_values, self.stats,
-                             token_budget=self.token_budget, single_row_multiple=self.single_row_multiple,
-                             max_width=self.max_width)
+        outputs = run_ragged([batch[index] for index in runnable], self._run_chunks, self.per_token, self.pad_values,
+                             self.stats, token_budget=self.token_budget, single_row_multiple=self.single_row_multiple,
+                             max_width=self.max_width, memory=self.memory)
         real = self.stats.real_tokens - real
         self.counters.add("pooltriton_tokens_total", real)
         self.counters.add("pooltriton_padding_tokens_total", self.stats.computed_tokens - computed - real)
-        return [
-            pb_utils.InferenceResponse([pb_utils.Tensor(name, np.ascontiguousarray(v)) for name, v in out.items()])
-            for out in outputs
-        ]
+        for index, out in zip(runnable, outputs):
+            responses[index] = pb_utils.InferenceResponse(
+                [pb_utils.Tensor(name, np.ascontiguousarray(v)) for name, v in out.items()])
+        return responses
+
+    def _too_long(self, feeds: dict[str, np.ndarray]):
+        """An error response for a request holding a text whose attention would not fit the memory
+        budget even alone (None when it fits): refused before anything runs, the rest of the batch runs."""
+        if self.memory is None:
+            return None
+        mask = feeds.get("attention_mask")
+        lengths = mask.sum(axis=1) if mask is not None else np.full(len(feeds[INPUT_IDS]), feeds[INPUT_IDS].shape[1])
+        longest = int(lengths.max(initial=0))
+        if self.memory.row_bytes(longest) <= self.memory.budget:
+            return None
+        gib = 1 << 30
+        return error_response(
+            f"a text of {longest} tokens needs ~{self.memory.row_bytes(longest) / gib:.1f} GiB in the encoder "
+            f"(attention grows with the square of the length), over its memory budget of "
+            f"{self.memory.budget / gib:.1f} GiB: at most {self.memory.longest()} tokens fit; send shorter texts "
+            "or raise the encoder's memory_budget")
+

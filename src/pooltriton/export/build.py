@@ -90,6 +90,9 @@ class ExportOptions:
     tensorrt: bool = False  # onnx on cuda: TensorRT as the onnxruntime backend's GPU accelerator
     encoder_threads: int = 2
     ragged_token_budget: int | None = None  # None: RAGGED_TOKEN_BUDGET of the device
+    # Memory the ragged encoder may hold at once (export.memory's model of a row), shared by its instances
+    # and streams; 0: half of the serving machine's. A text that alone needs more than its share is refused.
+    memory_budget_mb: int = 0
     tolerance: float | None = None  # verification bound; None: the precision's default (export.verify)
     queue_size: int = QUEUE_SIZE  # waiting requests per batched stage before rejecting at once
     queue_timeout_ms: int = QUEUE_TIMEOUT_MS  # a request still waiting after this is rejected
@@ -111,6 +114,8 @@ class ExportOptions:
             precision, reason = choose_precision(self.runtime, self.precision, self.device, capabilities)
         except PrecisionError as error:
             raise ResolutionError(str(error)) from None
+        if self.memory_budget_mb < 0:
+            raise ResolutionError("--memory-budget-mb must be 0 (half the machine's memory) or positive")
         if self.queue_size < 1 or self.queue_timeout_ms < 1:
             raise ResolutionError("--queue-size and --queue-timeout-ms must be positive")
         if self.tolerance is not None and not 0 < self.tolerance < 1:
@@ -175,6 +180,7 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     # Heavy imports here, so `pooltriton inspect` and `--help` stay fast.
     from pooltriton.core.tokenization import TextTokenizer
     from pooltriton.export.encoder import load_encoder, output_width
+    from pooltriton.export.memory import encoder_memory
     from pooltriton.export.reference import load_reference
     from pooltriton.export.verify import VerificationError, exporter, verify
 
@@ -224,7 +230,7 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
 
     progress(f"writing model configurations under {out}")
     for model in pipeline_configs(options, config, encoder.input_names, ENCODER_OUTPUT, width,
-                                  tokenizer.pad_token_id):
+                                  tokenizer.pad_token_id, encoder_memory(model_dir)):
         model.write(out)
     shutil.copy(tokenizer_file, out / names.tokenizer / "1" / "tokenizer.json")
     _write_json(encoder_dir / "verification.json", asdict(report))
@@ -274,6 +280,7 @@ def pipeline_configs(
     encoder_output: str,
     width: int,
     pad_token_id: int,
+    memory: tuple[int, int],  # bytes per token and per attention cell of a row (export.memory)
 ) -> list[ModelConfig]:
     names = stages(options.name)
     ragged = options.batching == "ragged"
@@ -322,7 +329,9 @@ def pipeline_configs(
         # The native backends' own keys, so the config means the same on both servers.
         parameters={**runtime.parameters(options.encoder_threads, options.precision), "pad_token_id": pad_token_id,
                     "max_length": config.max_length,
-                    **({"ragged_token_budget": options.ragged_token_budget or RAGGED_TOKEN_BUDGET[options.device]}
+                    **({"ragged_token_budget": options.ragged_token_budget or RAGGED_TOKEN_BUDGET[options.device],
+                        "memory_per_token": memory[0], "memory_per_attention_cell": memory[1],
+                        "memory_budget": options.memory_budget_mb << 20}
                        if ragged else {})},
     )
     pooler_params = {"task": config.task.value, "activation": config.activation.value,

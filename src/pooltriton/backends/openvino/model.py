@@ -28,6 +28,7 @@ class TritonPythonModel(EncoderShim):
     def load(self, path: Path, model: ModelArgs) -> None:
         core, properties = ov.Core(), openvino_properties(model.text)
         streams = int(properties["NUM_STREAMS"])
+        self.concurrent_chunks = max(streams, 1)
         latency = core.compile_model(str(path), "CPU", {**properties, "NUM_STREAMS": "1",
                                                           "PERFORMANCE_HINT": "LATENCY"})
         self.request = latency.create_infer_request()
