@@ -7,12 +7,15 @@ import json
 import subprocess
 import sys
 
+import httpx
 import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
 from pooltriton.client import AsyncPoolingClient
 from pooltriton.contract.requests import classify
+
+from conftest import running_gateway
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -37,6 +40,28 @@ def test_async_client_equals_blocking_client(server, http_client, protocol: str)
 def test_tokenize_uses_the_model_tokenizer(client, minilm_st) -> None:
     texts = ["A man is eating food.", "hello"]
     assert client.tokenize(texts) == [minilm_st.tokenizer(t)["input_ids"] for t in texts]
+
+
+def test_client_tokenize_accepts_what_the_gateway_tokenize_accepts(server, http_client, minilm_st) -> None:
+    """One service behind both: untruncated (a text over the model's 256-token limit) and lists over the
+    tokenizer's batch of 128, in order."""
+    long = "word " * 600
+    texts = [long] + [f"text {i}" for i in range(200)]
+    got = http_client.tokenize(texts)
+    assert len(got) == 201 and len(got[0]) == 602
+    assert got[0] == minilm_st.tokenizer(long)["input_ids"]
+    assert got[150] == minilm_st.tokenizer("text 149")["input_ids"]
+    with running_gateway(server.grpc_url, admin_key=server.admin_key) as url:
+        body = httpx.post(f"{url}/tokenize", json={"model": "minilm", "prompt": long}).json()
+    assert body["tokens"] == got[0] and body["count"] == 602
+
+
+def test_client_score_reports_usage(http_client, minilm_st) -> None:
+    query, documents = "a query", ["first document", "the second document here"]
+    scored = http_client.score_with_usage(query, documents)
+    tokens = sum(len(minilm_st.tokenizer(t)["input_ids"]) for t in [query, *documents])
+    assert scored.tokens == tokens
+    assert np.abs(scored.values - http_client.score(query, documents)).max() <= 1e-6
 
 
 def test_only_unavailable_is_retried() -> None:

@@ -7,44 +7,27 @@
     tokens = client.encode(["Call John"], task="token_classify", model="rampart")  # per-text arrays
     scores = client.score("query", ["doc a", "doc b"], model="minilm")            # bi-encoder cosine
 
+Both are thin adapters of the one pooling service (`pooltriton.client.service`): the asyncio client
+returns its values, the blocking one runs the asyncio client on a private event loop thread. Methods
+ending in `_with_usage` return the service's answers with the tokens the model read.
 Big inputs are split into requests of at most `max_batch` texts and reassembled in order.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
-import time
-from collections.abc import Awaitable, Callable, Sequence
+import threading
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from pooltriton.contract import (
-    ATTENTION_MASK,
-    INPUT_IDS,
-    MAX_BATCH_SIZE,
-    PLUGIN_INPUT,
-    PLUGIN_OUTPUT,
-    SCORES,
-    TEXT,
-    stages,
-    triton_priority,
-)
-from pooltriton.contract import requests as protocol
-from pooltriton.contract.requests import (
-    RETRIES,
-    ModelInfo,
-    TritonRequest,
-    as_texts,
-    model_info,
-    retry_delay,
-    score_inputs,
-)
+from pooltriton.client.service import Pooled, PoolingService, RerankResult, TritonTransport
+from pooltriton.contract import MAX_BATCH_SIZE
+from pooltriton.contract.requests import RETRIES, ModelInfo
 
-DEFAULT_URLS = {"http": "localhost:8000", "grpc": "localhost:8001"}
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -70,180 +53,21 @@ class TokenClassification:
         return [[self.labels[i] for i in p.argmax(axis=1)] for p in self.probabilities]
 
 
-@dataclass(frozen=True)
-class RerankResult:
-    index: int
-    score: float
-    document: str
-
-
-class _Requests:
-    """What both clients send and how they read answers; transport lives in the subclasses."""
-
-    def __init__(self, url: str | None, protocol: str, model: str, max_batch: int, asynchronous: bool,
-                 retries: int) -> None:
-        if protocol not in ("http", "grpc"):
-            raise ValueError(f"protocol must be 'http' or 'grpc', not {protocol!r}")
-        if protocol == "http":
-            import tritonclient.http as module
-            if asynchronous:
-                import tritonclient.http.aio as module
-        else:
-            import tritonclient.grpc as module
-            if asynchronous:
-                import tritonclient.grpc.aio as module
-        self._module = module
-        self._client = module.InferenceServerClient(url or DEFAULT_URLS[protocol])
-        self.protocol, self.model, self.max_batch, self.retries = protocol, model, max_batch, retries
-        self._info: dict[str, ModelInfo] = {}
-
-    @property
-    def server(self) -> Any:
-        """tritonclient's own client, for the KServe calls this one does not wrap (health, index)."""
-        return self._client
-
-    def _config_from(self, response: Any) -> dict:
-        return response["config"] if self.protocol == "grpc" else response
-
-    def _send(self, request: TritonRequest) -> tuple[list, list]:
-        """tritonclient's input and output objects for a request (same for both transports)."""
-        tensors = []
-        for name, array in request.arrays().items():
-            tensor = self._module.InferInput(name, list(array.shape), "BYTES")
-            tensor.set_data_from_numpy(array)
-            tensors.append(tensor)
-        return tensors, [self._module.InferRequestedOutput(name) for name in request.outputs]
-
-    def _encode_requests(self, info: ModelInfo, texts: str | Sequence[str], pairs: Sequence[str] | None,
-                         task: str | None, options: dict[str, Any], priority: int) -> list[TritonRequest]:
-        if task is not None and info.task and task != info.task:
-            raise ValueError(f"model {info.name!r} serves task {info.task!r}, not {task!r} (one task per model)")
-        return protocol.encode_requests(info.name, info.outputs, as_texts(texts), None if pairs is None else
-                                        list(pairs), options, triton_priority(priority), self.max_batch)
-
-    def _score_request(self, model: str | None, query: str | Sequence[str], documents: str | Sequence[str],
-                       options: dict[str, Any], priority: int) -> TritonRequest:
-        return TritonRequest(stages(model or self.model).score, score_inputs(query, documents), (SCORES,),
-                       protocol.parameters(options), False, triton_priority(priority))
-
-    def _tokenize_request(self, model: str | None, texts: str | Sequence[str],
-                          options: dict[str, Any]) -> TritonRequest:
-        return TritonRequest(stages(model or self.model).tokenizer, {TEXT: as_texts(texts)},
-                             (INPUT_IDS, ATTENTION_MASK), protocol.parameters(options), True)
-
-    @staticmethod
-    def _plugin_request(model: str, inputs: str | Sequence[str], options: dict[str, Any]) -> TritonRequest:
-        return TritonRequest(model, {PLUGIN_INPUT: as_texts(inputs, "inputs")}, (PLUGIN_OUTPUT,),
-                       protocol.parameters(options), False)
-
-    @staticmethod
-    def _ranked(scores: np.ndarray, documents: Sequence[str], top_n: int | None) -> list[RerankResult]:
-        order = np.argsort(-scores, kind="stable")[: top_n or len(documents)]
-        return [RerankResult(int(i), float(scores[i]), documents[i]) for i in order]
-
-
-
-class PoolingClient(_Requests):
-    """Blocking client. Every call retries on UNAVAILABLE with exponential backoff. `priority` is
-    vLLM's (lower runs earlier, 0 default), mapped to Triton's priority levels."""
-
-    def __init__(self, url: str | None = None, protocol: str = "http", model: str = "minilm",
-                 max_batch: int = MAX_BATCH_SIZE, retries: int = RETRIES) -> None:
-        super().__init__(url, protocol, model, max_batch, asynchronous=False, retries=retries)
-
-    def close(self) -> None:
-        self._client.close()
-
-    def __enter__(self) -> PoolingClient:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
-
-    def _retry(self, call: Callable[[], Any]) -> Any:
-        """Every call to the server, retried on UNAVAILABLE (contract.requests.retry_delay)."""
-        for attempt in itertools.count():
-            try:
-                return call()
-            except Exception as error:
-                if (delay := retry_delay(attempt, error, self.retries)) is None:
-                    raise
-                time.sleep(delay)
-        raise AssertionError("unreachable")
-
-    def infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
-        tensors, requested = self._send(request)
-        result = self._retry(lambda: self._client.infer(request.model, tensors, outputs=requested,
-                                                        parameters=request.parameters or None,
-                                                        priority=request.priority))
-        return {name: result.as_numpy(name) for name in request.outputs}
-
-    def info(self, model: str | None = None) -> ModelInfo:
-        """Task, outputs and label names of a served ensemble, from its config (cached)."""
-        model = model or self.model
-        if model not in self._info:
-            kwargs = {"as_json": True} if self.protocol == "grpc" else {}
-            config = self._retry(lambda: self._client.get_model_config(model, **kwargs))
-            self._info[model] = model_info(model, self._config_from(config))
-        return self._info[model]
-
-    def encode(self, texts: str | Sequence[str], *, model: str | None = None, task: str | None = None,
-               pairs: Sequence[str] | None = None, priority: int = 0,
-               **options: Any) -> np.ndarray | list[np.ndarray]:
-        """vLLM's `encode(task=...)`: sequence tasks return [n, C]; token tasks a list of [tokens_i, C]
-        arrays, exactly each text's real tokens. `task`, when given, must be the model's task.
-        Options: truncate ("NONE" | "END" | "START"), use_activation (bool), prompt_name (one of the
-        model's sentence-transformers prompts; default: its default prompt)."""
-        info = self.info(model)
-        requests = self._encode_requests(info, texts, pairs, task, options, priority)
-        return protocol.reassemble(info.outputs, [self.infer(r) for r in requests])
-
-    def embed(self, texts: str | Sequence[str], *, model: str | None = None, **options: Any) -> np.ndarray:
-        """One vector per text, [n, dim] float32. `truncate`: None/"NONE" rejects over-length texts
-        with an error naming the limit; "END" or "START" cuts them to the model's limit."""
-        return self.encode(texts, model=model, **options)
-
-    def classify(self, texts: str | Sequence[str], *, model: str | None = None,
-                 pairs: Sequence[str] | None = None, **options: Any) -> Classification:
-        """Class probabilities per text (or per (text, pair) for cross-encoders) with label names."""
-        return Classification(self.encode(texts, model=model, pairs=pairs, task="classify", **options),
-                              self.info(model).labels)
-
-    def classify_tokens(self, texts: str | Sequence[str], *, model: str | None = None,
-                        **options: Any) -> TokenClassification:
-        values = self.encode(texts, model=model, task="token_classify", **options)
-        return TokenClassification(values, self.info(model).labels)
-
-    def score(self, query: str | Sequence[str], documents: str | Sequence[str], *, model: str | None = None,
-              priority: int = 0, **options: Any) -> np.ndarray:
-        """Scores from `<model>_score`: 1:1, 1:N (one query) or N:N (zipped lists)."""
-        return self.infer(self._score_request(model, query, documents, options, priority))[SCORES]
-
-    def rerank(self, query: str, documents: Sequence[str], *, model: str | None = None, top_n: int | None = None,
-               **options: Any) -> list[RerankResult]:
-        """Documents sorted by score, best first (cross-encoder, bi-encoder or late interaction)."""
-        return self._ranked(self.score(query, list(documents), model=model, **options), documents, top_n)
-
-    def tokenize(self, texts: str | Sequence[str], *, model: str | None = None, **options: Any) -> list[list[int]]:
-        """Token ids per text, from the model's own tokenizer stage (`<model>_tokenizer`)."""
-        return protocol.token_lists(self.infer(self._tokenize_request(model, texts, options)))
-
-    def plugin(self, model: str, inputs: str | Sequence[str], **parameters: Any) -> list[Any]:
-        """Call a plugin model (see pooltriton.core.plugins): one decoded JSON answer per input."""
-        result = self.infer(self._plugin_request(model, inputs, parameters))
-        return [json.loads(item) for item in result[PLUGIN_OUTPUT]]
-
-
-class AsyncPoolingClient(_Requests):
-    """asyncio client (tritonclient's aio HTTP/gRPC clients): the same methods, awaited; the requests of
-    a big input are sent concurrently."""
+class AsyncPoolingClient:
+    """asyncio client: the pooling service's answers without their usage. Every call retries on
+    UNAVAILABLE with exponential backoff; `priority` is vLLM's (lower runs earlier, 0 default)."""
 
     def __init__(self, url: str | None = None, protocol: str = "grpc", model: str = "minilm",
                  max_batch: int = MAX_BATCH_SIZE, retries: int = RETRIES) -> None:
-        super().__init__(url, protocol, model, max_batch, asynchronous=True, retries=retries)
+        self.service = PoolingService(TritonTransport(url, protocol, retries), model, max_batch)
+
+    @property
+    def server(self) -> Any:
+        """tritonclient's own aio client, for the KServe calls this one does not wrap (health, index)."""
+        return self.service.transport.server
 
     async def close(self) -> None:
-        await self._client.close()
+        await self.service.close()
 
     async def __aenter__(self) -> AsyncPoolingClient:
         return self
@@ -251,43 +75,31 @@ class AsyncPoolingClient(_Requests):
     async def __aexit__(self, *_exc: object) -> None:
         await self.close()
 
-    async def _retry(self, call: Callable[[], Awaitable[Any]]) -> Any:
-        for attempt in itertools.count():
-            try:
-                return await call()
-            except Exception as error:
-                if (delay := retry_delay(attempt, error, self.retries)) is None:
-                    raise
-                await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
-
-    async def infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
-        tensors, requested = self._send(request)
-        result = await self._retry(lambda: self._client.infer(request.model, tensors, outputs=requested,
-                                                              parameters=request.parameters or None,
-                                                              priority=request.priority))
-        return {name: result.as_numpy(name) for name in request.outputs}
-
     async def info(self, model: str | None = None) -> ModelInfo:
-        model = model or self.model
-        if model not in self._info:
-            kwargs = {"as_json": True} if self.protocol == "grpc" else {}
-            config = self._config_from(await self._retry(lambda: self._client.get_model_config(model, **kwargs)))
-            self._info[model] = model_info(model, config)
-        return self._info[model]
+        """Task, outputs and label names of a served ensemble, from its config (cached)."""
+        return await self.service.info(model)
 
     async def encode(self, texts: str | Sequence[str], *, model: str | None = None, task: str | None = None,
                      pairs: Sequence[str] | None = None, priority: int = 0,
                      **options: Any) -> np.ndarray | list[np.ndarray]:
-        info = await self.info(model)
-        requests = self._encode_requests(info, texts, pairs, task, options, priority)
-        return protocol.reassemble(info.outputs, await asyncio.gather(*(self.infer(r) for r in requests)))
+        """vLLM's `encode(task=...)`: sequence tasks return [n, C]; token tasks a list of [tokens_i, C]
+        arrays, exactly each text's real tokens. `task`, when given, must be the model's task.
+        Options: truncate ("NONE" | "END" | "START"), use_activation (bool), prompt_name (one of the
+        model's sentence-transformers prompts; default: its default prompt)."""
+        return (await self.service.encode(texts, model=model, task=task, pairs=pairs, priority=priority,
+                                          **options)).values
+
+    async def encode_with_usage(self, texts: str | Sequence[str], **options: Any) -> Pooled:
+        return await self.service.encode(texts, **options)
 
     async def embed(self, texts: str | Sequence[str], *, model: str | None = None, **options: Any) -> np.ndarray:
+        """One vector per text, [n, dim] float32. `truncate`: None/"NONE" rejects over-length texts
+        with an error naming the limit; "END" or "START" cuts them to the model's limit."""
         return await self.encode(texts, model=model, **options)
 
     async def classify(self, texts: str | Sequence[str], *, model: str | None = None,
                        pairs: Sequence[str] | None = None, **options: Any) -> Classification:
+        """Class probabilities per text (or per (text, pair) for cross-encoders) with label names."""
         values = await self.encode(texts, model=model, pairs=pairs, task="classify", **options)
         return Classification(values, (await self.info(model)).labels)
 
@@ -298,16 +110,109 @@ class AsyncPoolingClient(_Requests):
 
     async def score(self, query: str | Sequence[str], documents: str | Sequence[str], *, model: str | None = None,
                     priority: int = 0, **options: Any) -> np.ndarray:
-        return (await self.infer(self._score_request(model, query, documents, options, priority)))[SCORES]
+        """Scores from `<model>_score`: 1:1, 1:N (one query) or N:N (zipped lists)."""
+        return (await self.score_with_usage(query, documents, model=model, priority=priority, **options)).values
+
+    async def score_with_usage(self, query: str | Sequence[str], documents: str | Sequence[str],
+                               **options: Any) -> Pooled[np.ndarray]:
+        return await self.service.score(query, documents, **options)
 
     async def rerank(self, query: str, documents: Sequence[str], *, model: str | None = None,
                      top_n: int | None = None, **options: Any) -> list[RerankResult]:
-        return self._ranked(await self.score(query, list(documents), model=model, **options), documents, top_n)
+        """Documents sorted by score, best first (cross-encoder, bi-encoder or late interaction)."""
+        return (await self.service.rerank(query, documents, model=model, top_n=top_n, **options)).values
 
     async def tokenize(self, texts: str | Sequence[str], *, model: str | None = None,
-                       **options: Any) -> list[list[int]]:
-        return protocol.token_lists(await self.infer(self._tokenize_request(model, texts, options)))
+                       add_special_tokens: bool = True) -> list[list[int]]:
+        """Token ids per text, from the model's own tokenizer stage, untruncated (as `/tokenize`)."""
+        return await self.service.tokenize(texts, model=model, add_special_tokens=add_special_tokens)
+
+    async def detokenize(self, tokens: Sequence[int], *, model: str | None = None,
+                         skip_special_tokens: bool = False) -> str:
+        return await self.service.detokenize(tokens, model=model, skip_special_tokens=skip_special_tokens)
 
     async def plugin(self, model: str, inputs: str | Sequence[str], **parameters: Any) -> list[Any]:
-        result = await self.infer(self._plugin_request(model, inputs, parameters))
-        return [json.loads(item) for item in result[PLUGIN_OUTPUT]]
+        """Call a plugin model (see pooltriton.core.plugins): one decoded JSON answer per input."""
+        return await self.service.plugin(model, inputs, **parameters)
+
+
+class PoolingClient:
+    """Blocking client: the asyncio client's methods, run on a private event loop thread."""
+
+    def __init__(self, url: str | None = None, protocol: str = "http", model: str = "minilm",
+                 max_batch: int = MAX_BATCH_SIZE, retries: int = RETRIES) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="pooltriton-client", daemon=True)
+        self._thread.start()
+
+        async def make() -> AsyncPoolingClient:  # tritonclient's aio clients belong to the loop they run on
+            return AsyncPoolingClient(url, protocol, model, max_batch, retries)
+
+        try:
+            self._async = self._run(make())
+        except BaseException:
+            self._stop()
+            raise
+
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def _stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self._async.close())
+        finally:
+            self._stop()
+
+    def __enter__(self) -> PoolingClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    @property
+    def service(self) -> PoolingService:
+        return self._async.service
+
+    def info(self, model: str | None = None) -> ModelInfo:
+        return self._run(self._async.info(model))
+
+    def encode(self, texts: str | Sequence[str], **options: Any) -> np.ndarray | list[np.ndarray]:
+        return self._run(self._async.encode(texts, **options))
+
+    def encode_with_usage(self, texts: str | Sequence[str], **options: Any) -> Pooled:
+        return self._run(self._async.encode_with_usage(texts, **options))
+
+    def embed(self, texts: str | Sequence[str], **options: Any) -> np.ndarray:
+        return self._run(self._async.embed(texts, **options))
+
+    def classify(self, texts: str | Sequence[str], **options: Any) -> Classification:
+        return self._run(self._async.classify(texts, **options))
+
+    def classify_tokens(self, texts: str | Sequence[str], **options: Any) -> TokenClassification:
+        return self._run(self._async.classify_tokens(texts, **options))
+
+    def score(self, query: str | Sequence[str], documents: str | Sequence[str], **options: Any) -> np.ndarray:
+        return self._run(self._async.score(query, documents, **options))
+
+    def score_with_usage(self, query: str | Sequence[str], documents: str | Sequence[str],
+                         **options: Any) -> Pooled[np.ndarray]:
+        return self._run(self._async.score_with_usage(query, documents, **options))
+
+    def rerank(self, query: str, documents: Sequence[str], **options: Any) -> list[RerankResult]:
+        return self._run(self._async.rerank(query, documents, **options))
+
+    def tokenize(self, texts: str | Sequence[str], **options: Any) -> list[list[int]]:
+        return self._run(self._async.tokenize(texts, **options))
+
+    def detokenize(self, tokens: Sequence[int], **options: Any) -> str:
+        return self._run(self._async.detokenize(tokens, **options))
+
+    def plugin(self, model: str, inputs: str | Sequence[str], **parameters: Any) -> list[Any]:
+        return self._run(self._async.plugin(model, inputs, **parameters))

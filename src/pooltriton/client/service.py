@@ -1,0 +1,278 @@
+"""The one pooling service: every task against Triton, each answer with its usage (as
+text-embeddings-inference keeps one `Infer` for its HTTP and gRPC routers).
+
+The asyncio client, the blocking client and the gateway's routes are thin adapters of `PoolingService`;
+requests are built by the sans-I/O layer (`contract.requests`) and sent through a `Transport`
+(tritonclient's aio HTTP or gRPC client with the retry policy, or a fake in unit tests). Errors are
+Triton's own (`InferenceServerException`, with its status code) or `RequestError` / `ModelNotFound` for
+what the caller asked wrongly before anything was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+import numpy as np
+
+from pooltriton.contract import (
+    ATTENTION_MASK,
+    DETOKENIZE,
+    DETOKENIZED,
+    INPUT_IDS,
+    MAX_BATCH_SIZE,
+    PLUGIN_INPUT,
+    PLUGIN_OUTPUT,
+    PROMPT_TOKENS,
+    SCORES,
+    TEXT,
+    TOKENIZE,
+    invalid_model_name,
+    stages,
+    triton_priority,
+)
+from pooltriton.contract import requests as protocol
+from pooltriton.contract.config import read_parameters
+from pooltriton.contract.requests import RETRIES, ModelInfo, TritonRequest, model_info, retry_delay
+
+DEFAULT_URLS = {"http": "localhost:8000", "grpc": "localhost:8001"}
+T = TypeVar("T")
+
+
+class RequestError(ValueError):
+    """The caller asked for something no server answer could fix (HTTP 400); `param` names the field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ModelNotFound(LookupError):
+    """No served model of that name or task (HTTP 404)."""
+
+
+@dataclass(frozen=True)
+class Pooled(Generic[T]):
+    """An answer and the tokens the model read for it (after truncation, prompts included): usage."""
+
+    values: T
+    tokens: int
+
+
+@dataclass(frozen=True)
+class RerankResult:
+    index: int
+    score: float
+    document: str
+
+
+@dataclass(frozen=True)
+class ServedModel(ModelInfo):
+    scorer: str | None = None  # <name>_score where the model can score
+
+
+class Transport(Protocol):
+    """How requests reach Triton: `infer` and tritonclient's own metadata calls under `server`."""
+
+    server: Any
+
+    async def infer(self, request: TritonRequest) -> dict[str, np.ndarray]: ...
+
+    async def close(self) -> None: ...
+
+
+class TritonTransport:
+    """tritonclient's aio client (HTTP or gRPC); every call retried on UNAVAILABLE (`retry_delay`)."""
+
+    def __init__(self, url: str | None = None, protocol: str = "grpc", retries: int = RETRIES) -> None:
+        if protocol not in ("http", "grpc"):
+            raise ValueError(f"protocol must be 'http' or 'grpc', not {protocol!r}")
+        if protocol == "http":
+            import tritonclient.http.aio as module
+        else:
+            import tritonclient.grpc.aio as module
+        self._module = module
+        self.server = module.InferenceServerClient(url or DEFAULT_URLS[protocol])
+        self.protocol, self.retries = protocol, retries
+
+    async def retry(self, call: Any) -> Any:
+        for attempt in itertools.count():
+            try:
+                return await call()
+            except Exception as error:
+                if (delay := retry_delay(attempt, error, self.retries)) is None:
+                    raise
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    async def infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
+        tensors = []
+        for name, array in request.arrays().items():
+            tensor = self._module.InferInput(name, list(array.shape), "BYTES")
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        requested = [self._module.InferRequestedOutput(name) for name in request.outputs]
+        result = await self.retry(lambda: self.server.infer(request.model, tensors, outputs=requested,
+                                                            parameters=request.parameters or None,
+                                                            priority=request.priority))
+        return {name: result.as_numpy(name) for name in request.outputs}
+
+    async def model_config(self, name: str) -> dict:
+        if self.protocol == "grpc":
+            return (await self.retry(lambda: self.server.get_model_config(name, as_json=True)))["config"]
+        return await self.retry(lambda: self.server.get_model_config(name))
+
+    async def close(self) -> None:
+        await self.server.close()
+
+
+class PoolingService:
+    """embed / classify / token tasks (`encode`), score, rerank, tokenize, detokenize and plugins over
+    one transport; `model` is the default model name."""
+
+    def __init__(self, transport: Transport, model: str | None = "minilm", max_batch: int = MAX_BATCH_SIZE,
+                 admin_headers: dict[str, str] | None = None) -> None:
+        self.transport, self.model, self.max_batch = transport, model, max_batch
+        self.admin_headers = admin_headers  # the repository index is one of Triton's restricted APIs
+        self._info: dict[str, ModelInfo] = {}
+        self.models: dict[str, ServedModel] = {}
+
+    # ---- models ----------------------------------------------------------------------------------
+    async def _config(self, name: str) -> dict:
+        config = getattr(self.transport, "model_config", None)
+        if config is not None:
+            return await config(name)
+        return (await self.transport.server.get_model_config(name, as_json=True))["config"]
+
+    async def info(self, model: str | None = None) -> ModelInfo:
+        """Task, outputs and label names of a served ensemble, from its config (cached)."""
+        name = self._name(model)
+        if name in self.models:
+            return self.models[name]
+        if name not in self._info:
+            self._info[name] = model_info(name, await self._config(name))
+        return self._info[name]
+
+    async def refresh(self) -> dict[str, ServedModel]:
+        """Every served pooling model (an ensemble whose config names its task), from the repository index."""
+        index = await self.transport.server.get_model_repository_index(headers=self.admin_headers, as_json=True)
+        names = {m["name"] for m in index.get("models", []) if m.get("state", "READY") == "READY"}
+        models = {}
+        for name in sorted(names):
+            config = await self._config(name)
+            if config.get("platform") != "ensemble" or "task" not in read_parameters(config):
+                continue
+            score = stages(name).score
+            models[name] = ServedModel(**vars(model_info(name, config)), scorer=score if score in names else None)
+        self.models = models
+        return models
+
+    def served(self, name: str | None, task: str | None = None) -> ServedModel:
+        """A model from the last `refresh`: by name, or the first serving `task`."""
+        if name is None:
+            candidates = [m for m in self.models.values() if task is None or m.task == task]
+            if not candidates:
+                raise ModelNotFound(f"no served model for task {task!r}")
+            return candidates[0]
+        if (problem := invalid_model_name(name)) is not None:
+            raise RequestError(problem, "model")
+        if name not in self.models:
+            raise ModelNotFound(f"The model `{name}` does not exist. Served: {sorted(self.models)}")
+        return self.models[name]
+
+    async def ready(self) -> bool:
+        try:
+            return bool(await self.transport.server.is_server_ready())
+        except Exception:
+            return False
+
+    def _name(self, model: str | None) -> str:
+        name = model or self.model
+        if not name:
+            raise RequestError("name a model", "model")
+        return name
+
+    # ---- tasks -----------------------------------------------------------------------------------
+    async def encode(self, texts: str | Sequence[str], *, model: str | None = None, task: str | None = None,
+                     pairs: Sequence[str] | None = None, priority: int = 0,
+                     **options: Any) -> Pooled[np.ndarray | list[np.ndarray]]:
+        """vLLM's `encode(task=...)`: [n, C] for sequence tasks, per text [tokens_i, C] for token tasks;
+        requests of at most `max_batch` texts sent concurrently and reassembled in order. `priority` is
+        vLLM's (lower runs earlier, 0 default), mapped to Triton's levels."""
+        info = await self.info(model)
+        if task is not None and info.task and task != info.task:
+            raise RequestError(f"model {info.name!r} serves task {info.task!r}, not {task!r} (one task per model)",
+                               "model")
+        try:
+            requests = protocol.encode_requests(
+                info.name, info.outputs, protocol.as_texts(texts), None if pairs is None else list(pairs), options,
+                triton_priority(priority), self.max_batch)
+        except ValueError as error:
+            raise RequestError(str(error), "input") from None
+        results = await asyncio.gather(*(self.transport.infer(r) for r in requests))
+        return Pooled(protocol.reassemble(info.outputs, results), protocol.prompt_tokens(results))
+
+    async def score(self, query: str | Sequence[str], documents: str | Sequence[str], *, model: str | None = None,
+                    priority: int = 0, **options: Any) -> Pooled[np.ndarray]:
+        """`<model>_score`: 1:1, 1:N (one query) or N:N (zipped lists)."""
+        name = self._name(model)
+        served = self.models.get(name)
+        if served is not None and served.scorer is None:
+            raise RequestError(f"model {name!r} ({served.task}) cannot score: scoring needs a 1-label classifier "
+                               "(cross-encoder), an embed model or a token_embed model", "model")
+        try:
+            inputs = protocol.score_inputs(query, documents)
+        except ValueError as error:
+            raise RequestError(str(error), "documents") from None
+        request = TritonRequest(stages(name).score, inputs, (SCORES, PROMPT_TOKENS), protocol.parameters(options),
+                                False, triton_priority(priority))
+        result = await self.transport.infer(request)
+        return Pooled(result[SCORES], protocol.prompt_tokens([result]))
+
+    async def rerank(self, query: str, documents: Sequence[str], *, model: str | None = None,
+                     top_n: int | None = None, **options: Any) -> Pooled[list[RerankResult]]:
+        """Documents by score, best first (cross-encoder, bi-encoder or late interaction)."""
+        if not documents:
+            raise RequestError("documents is empty", "documents")
+        scored = await self.score(query, list(documents), model=model, **options)
+        order = np.argsort(-scored.values, kind="stable")[: top_n or len(documents)]
+        return Pooled([RerankResult(int(i), float(scored.values[i]), documents[i]) for i in order], scored.tokens)
+
+    async def tokenize(self, texts: str | Sequence[str], *, model: str | None = None,
+                       add_special_tokens: bool = True) -> list[list[int]]:
+        """Token ids per text from the model's own tokenizer stage, untruncated (vLLM's /tokenize)."""
+        try:
+            batch = protocol.as_texts(texts)
+        except ValueError as error:
+            raise RequestError(str(error), "prompt") from None
+        tokenizer = stages(self._name(model)).tokenizer
+        requests = [TritonRequest(tokenizer, {TEXT: batch[start : start + self.max_batch]},
+                                  (INPUT_IDS, ATTENTION_MASK),
+                                  {"mode": TOKENIZE, "add_special_tokens": add_special_tokens}, True)
+                    for start in range(0, len(batch), self.max_batch)]
+        results = await asyncio.gather(*(self.transport.infer(r) for r in requests))
+        return [ids for result in results for ids in protocol.token_lists(result)]
+
+    async def detokenize(self, tokens: Sequence[int], *, model: str | None = None,
+                         skip_special_tokens: bool = False) -> str:
+        request = TritonRequest(stages(self._name(model)).tokenizer, {TEXT: [json.dumps(list(tokens))]},
+                                (DETOKENIZED,), {"mode": DETOKENIZE, "skip_special_tokens": skip_special_tokens},
+                                True)
+        return (await self.transport.infer(request))[DETOKENIZED].reshape(-1)[0].decode("utf-8")
+
+    async def plugin(self, model: str, inputs: str | Sequence[str], **parameters: Any) -> list[Any]:
+        """A plugin model (pooltriton.core.plugins): one decoded JSON answer per input."""
+        try:
+            batch = protocol.as_texts(inputs, "inputs")
+        except ValueError as error:
+            raise RequestError(str(error), "inputs") from None
+        request = TritonRequest(model, {PLUGIN_INPUT: batch}, (PLUGIN_OUTPUT,), protocol.parameters(parameters),
+                                False)
+        return [json.loads(item) for item in (await self.transport.infer(request))[PLUGIN_OUTPUT]]
+
+    async def close(self) -> None:
+        await self.transport.close()

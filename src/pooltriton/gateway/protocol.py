@@ -1,0 +1,99 @@
+"""The gateway's request bodies (vLLM's, OpenAI's and Cohere's names) and its error shape (OpenAI's)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str | None = None,
+                 retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.retry_after = status, message, param, retry_after
+        self.kind = kind or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                             413: "invalid_request_error", 422: "invalid_request_error",
+                             429: "rate_limit_error", 503: "service_unavailable"}.get(status, "server_error")
+
+
+def error_body(status: int, message: str, kind: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+class Options(BaseModel):
+    """Options every route shares (vLLM's names)."""
+
+    model: str | None = None
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, le=1_000_000)
+    truncation_side: Literal["left", "right"] | None = None
+    use_activation: bool | None = None
+    priority: int = Field(0, ge=-1000, le=1000)
+    user: str | None = None
+
+    def parameters(self) -> dict[str, Any]:
+        """vLLM: truncate_prompt_tokens k keeps the last k tokens (left side unless truncation_side
+        says right); -1 means the model's own limit."""
+        parameters: dict[str, Any] = {}
+        if self.truncate_prompt_tokens is not None:
+            parameters["truncate"] = "END" if self.truncation_side == "right" else "START"
+            if self.truncate_prompt_tokens > 0:
+                parameters["max_tokens"] = self.truncate_prompt_tokens
+        if self.use_activation is not None:
+            parameters["use_activation"] = self.use_activation
+        return parameters
+
+
+class EmbeddingRequest(Options):
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, gt=0)
+    # One of the model's sentence-transformers prompts (text-embeddings-inference's name).
+    prompt_name: str | None = Field(None, max_length=200)
+
+    def parameters(self) -> dict[str, Any]:
+        parameters = super().parameters()
+        if self.prompt_name is not None:
+            parameters["prompt_name"] = self.prompt_name
+        return parameters
+
+
+class CohereEmbedRequest(BaseModel):
+    model: str | None = None
+    texts: list[str]
+    input_type: str | None = None
+    embedding_types: list[Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]] = ["float"]
+    output_dimension: int | None = Field(None, gt=0)
+    truncate: Literal["NONE", "START", "END"] = "END"
+
+
+class ClassifyRequest(Options):
+    input: str | list[str]
+
+
+class ScoreRequest(Options):
+    text_1: str | list[str]
+    text_2: str | list[str]
+
+
+class RerankRequest(Options):
+    query: str
+    documents: list[str]
+    top_n: int | None = Field(None, gt=0)
+    return_documents: bool = True
+
+
+class PoolingRequest(Options):
+    input: str | list[str]
+
+
+class TokenizeRequest(BaseModel):
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model: str | None = None
+    tokens: list[int]
+    skip_special_tokens: bool = False  # vLLM keeps them by default

@@ -1,0 +1,105 @@
+"""Between the gateway's routes and the pooling service: which model a body names, what the service's
+errors mean in HTTP, and the encodings of the answers (vLLM keeps this layer as its `serving_*`)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import numpy as np
+from tritonclient.utils import InferenceServerException
+
+from pooltriton.client.service import ModelNotFound, PoolingService, RequestError, ServedModel
+from pooltriton.contract import RETRY_AFTER_S
+from pooltriton.contract.requests import classify
+from pooltriton.gateway.protocol import APIError
+
+T = TypeVar("T")
+
+
+class Serving:
+    """The service as the routes use it: every call's errors as APIError with their HTTP status."""
+
+    def __init__(self, service: PoolingService) -> None:
+        self.service = service
+
+    async def model(self, name: str | None, task: str | None = None) -> ServedModel:
+        """The served model a body names (or the first for `task`); the model list is read on first use."""
+        if not self.service.models:
+            try:
+                await self.service.refresh()
+            except InferenceServerException as error:
+                raise APIError(503, f"Triton is unavailable: {error.message()}") from None
+        try:
+            return self.service.served(name, task)
+        except RequestError as error:
+            raise APIError(400, str(error), error.param) from None
+        except ModelNotFound as error:
+            raise APIError(404, str(error), "model", "model_not_found" if name else None) from None
+
+    async def __call__(self, call: Awaitable[T]) -> T:
+        """A service call. Triton's error keeps its code: UNAVAILABLE from a server that is ready means
+        its queue is full (or the request waited past the queue timeout): 429 with Retry-After, the
+        client's to retry; from a server that is not, 503."""
+        try:
+            return await call
+        except RequestError as error:
+            raise APIError(400, str(error), error.param) from None
+        except ModelNotFound as error:
+            raise APIError(404, str(error), "model") from None
+        except InferenceServerException as error:
+            failure = classify(error)
+            if failure.retryable and await self.service.ready():
+                raise APIError(429, f"overloaded, retry later: {failure.message}", retry_after=RETRY_AFTER_S) from None
+            raise APIError(failure.status, failure.message) from None
+
+
+def as_texts(value: Any, field: str = "input") -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise APIError(400, f"{field}: token-id input is not supported by this server yet; send text", field)
+
+
+def as_token_ids(value: Any) -> list[list[int]] | None:
+    """OpenAI's pre-tokenised input: a list of ids, or a list of such lists; None for text."""
+    if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        return value
+    return None
+
+
+def matryoshka(model: ServedModel, vectors: np.ndarray, dimensions: int | None, field: str) -> np.ndarray:
+    if dimensions is None or dimensions == vectors.shape[1]:
+        return vectors
+    if dimensions not in model.dimensions:
+        declared = f"only {list(model.dimensions)}" if model.dimensions else "no Matryoshka dimensions"
+        raise APIError(400, f"model {model.name!r} does not support {field}={dimensions}: it declares {declared}",
+                       field)
+    cut = vectors[:, :dimensions]
+    return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)
+
+
+def usage(tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": tokens, "total_tokens": tokens}
+
+
+def base64_vector(vector: np.ndarray) -> str:
+    return base64.b64encode(vector.astype(np.float32).tobytes()).decode()
+
+
+def cohere_encode(vectors: np.ndarray, kind: str) -> list:
+    """Cohere's embedding types. int8/uint8 scale unit-vector components by 127; binary types pack
+    the sign bits 8 per byte (binary: signed, ubinary: unsigned)."""
+    if kind == "float":
+        return vectors.tolist()
+    if kind == "base64":
+        return [base64_vector(v) for v in vectors]
+    if kind in ("int8", "uint8"):
+        scaled = np.clip(np.round(vectors * 127), -128, 127).astype(np.int64)
+        return (scaled + (128 if kind == "uint8" else 0)).tolist()
+    packed = np.packbits(vectors > 0, axis=1).astype(np.int64)
+    return (packed - 128 if kind == "binary" else packed).tolist()
