@@ -219,26 +219,91 @@ async def single_text_latency(grpc_url: str, texts: list[str], baseline: Baselin
     return {name: percentiles(values) for name, values in times.items()}
 
 
+async def through_gateway(base_url: str, texts: list[str], concurrency: int, model: str,
+                          real_tokens: int | None = None) -> dict:
+    """`concurrency` HTTP clients, each posting one text at a time to the gateway's /v1/embeddings."""
+    import httpx
+
+    queue: asyncio.Queue = asyncio.Queue()
+    for text in texts:
+        queue.put_nowait(text)
+    latencies: list[float] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=120) as http:
+        (await http.post("/v1/embeddings", json={"model": model, "input": texts[:8]})).raise_for_status()
+
+        async def worker() -> None:
+            while not queue.empty():
+                text = queue.get_nowait()
+                started = time.perf_counter()
+                (await http.post("/v1/embeddings", json={"model": model, "input": [text]})).raise_for_status()
+                latencies.append(time.perf_counter() - started)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        seconds = time.perf_counter() - started
+    return {"model": model, "concurrency": concurrency, "batch": 1, "texts_per_s": len(texts) / seconds,
+            "tokens_per_s": (real_tokens or 0) / seconds, "seconds": seconds, **percentiles(latencies)}
+
+
+async def gateway_latency(base_url: str, texts: list[str], models: tuple[str, ...]) -> dict[str, dict]:
+    """One text at a time through the gateway, paused between calls like single_text_latency."""
+    import httpx
+
+    times: dict[str, list[float]] = {model: [] for model in models}
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+        for text in texts:
+            for model in models:
+                await asyncio.sleep(PAUSE_S)
+                started = time.perf_counter()
+                (await http.post("/v1/embeddings", json={"model": model, "input": [text]})).raise_for_status()
+                times[model].append(time.perf_counter() - started)
+    return {model: percentiles(values) for model, values in times.items()}
+
+
+def start_gateway(grpc_url: str, port: int, log: Path):
+    """The gateway as deployed: its own process (`python -m pooltriton.gateway`), ready when /health is."""
+    import subprocess
+
+    import httpx
+
+    process = subprocess.Popen([sys.executable, "-m", "pooltriton.gateway", "--triton", grpc_url, "--port", str(port)],
+                               stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"the gateway did not become healthy; see {log}")
+
+
 # ---- the run --------------------------------------------------------------------------------------
 def run(repository: Path, out: Path, count: int, concurrencies: list[int], grpc_url: str | None,
         metrics_url: str | None, latency_texts: int = 50, models: tuple[str, ...] = ("minilm",)) -> dict:
+    from socket import socket
+
     from pooltriton.server.assemble import assemble
     from pooltriton.server.launcher import TritonServer
 
-    server = None
+    def port() -> int:
+        with socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+
+    server = gateway = None
     if grpc_url is None:
-        from socket import socket
-
-        def port() -> int:
-            with socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                return sock.getsockname()[1]
-
         backends = assemble(Path(__file__).resolve().parent.parent / "build" / "backends")
         server = TritonServer(repository, backends, port(), port(), port(), log_file=out / "server.log").start()
         server.wait_ready()
         os.environ[ADMIN_KEY_ENV] = server.admin_key
         grpc_url, metrics_url = server.grpc_url, f"http://localhost:{server.metrics_port}/metrics"
+    gateway_port = port()
+    gateway = start_gateway(grpc_url, gateway_port, out / "gateway.log")
+    gateway_url = f"http://127.0.0.1:{gateway_port}"
     try:
         texts, shorts = corpus(count), short_corpus(count)
         baseline = Baseline(repository)
@@ -246,7 +311,8 @@ def run(repository: Path, out: Path, count: int, concurrencies: list[int], grpc_
         real_tokens = sum(baseline.tokenizer.lengths(texts))
         short_tokens = sum(baseline.tokenizer.lengths(shorts))
         results: dict = {"corpus": {"texts": count, "real_tokens": real_tokens, "short_real_tokens": short_tokens},
-                         "models": list(models), "served": [], "served_short": [], "served_latency": []}
+                         "models": list(models), "served": [], "served_short": [], "served_latency": [],
+                         "gateway_short": []}
         results["baseline_sorted"] = baseline.throughput(texts, sort=True)
         results["baseline_corpus_order"] = baseline.throughput(texts, sort=False)
         results["baseline_short"] = baseline.throughput(shorts, sort=True)
@@ -256,6 +322,8 @@ def run(repository: Path, out: Path, count: int, concurrencies: list[int], grpc_
                                   for c in concurrencies]
             results["served_short"].append(asyncio.run(served(grpc_url, shorts, 64, 1, model, metrics_url,
                                                               short_tokens)))
+            results["gateway_short"].append(asyncio.run(through_gateway(gateway_url, shorts, 64, model,
+                                                                        short_tokens)))
         # B again at the end: the ratios use the mean of both, so drift over the run cancels out.
         before, after = results["baseline_sorted"], baseline.throughput(texts, sort=True)
         results["baseline_sorted_runs"] = [before["tokens_per_s"], after["tokens_per_s"]]
@@ -264,9 +332,13 @@ def run(repository: Path, out: Path, count: int, concurrencies: list[int], grpc_
         latency = asyncio.run(single_text_latency(grpc_url, texts[:latency_texts], baseline, models))
         results["baseline_latency"] = latency.pop("B")
         results["served_latency"] = [{"model": model, **values} for model, values in latency.items()]
+        through = asyncio.run(gateway_latency(gateway_url, texts[:latency_texts], models))
+        results["gateway_latency"] = [{"model": model, **values} for model, values in through.items()]
         if server is not None:
             results["peak_rss_mb"] = server.memory_mb("VmHWM")
     finally:
+        gateway.terminate()
+        gateway.wait(30)
         if server is not None:
             server.stop()
     return results
@@ -284,8 +356,11 @@ def table(results: dict) -> str:
     rows.append(("B short texts (~32 tok), sorted", *_cells(results["baseline_short"], short_base)))
     for item in results["served_short"]:
         rows.append((f"Triton {item['model']} short, 64 clients x 1", *_cells(item, short_base)))
+    for item in results.get("gateway_short", []):
+        rows.append((f"gateway {item['model']} short, 64 clients x 1", *_cells(item, short_base)))
     for label, lat in [("B", results["baseline_latency"])] + [
-            (f"Triton {item['model']}", item) for item in results["served_latency"]]:
+            (f"Triton {item['model']}", item) for item in results["served_latency"]] + [
+            (f"gateway {item['model']}", item) for item in results.get("gateway_latency", [])]:
         rows.append((f"single text: {label}", "", "", "", f"{lat['p50_ms']:.1f}", f"{lat['p90_ms']:.1f}",
                      f"{lat['p99_ms']:.1f}", "", "", ""))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
@@ -297,10 +372,27 @@ def table(results: dict) -> str:
     auto = results.get("machine", {}).get("capabilities", {}).get("auto_precision", {}).get("openvino")
     if auto:
         lines.append(f"--precision auto (openvino) on this CPU: {auto}; {_auto_ratio(results, auto)}")
-    lines += queue_sizing(results)
+    lines += queue_sizing(results) + gateway_ratios(results)
     if "peak_rss_mb" in results:
         lines.append(f"peak RSS of tritonserver and its stubs: {results['peak_rss_mb']:.0f} MB")
     return "\n".join(lines)
+
+
+def gateway_ratios(results: dict) -> list[str]:
+    """The HTTP path against the gRPC one, measured in this run (issue 19: >= 0.9 x, p50 within +1 ms)."""
+    lines = []
+    grpc = {item["model"]: item for item in results["served_short"]}
+    grpc_latency = {item["model"]: item for item in results["served_latency"]}
+    for item in results.get("gateway_short", []):
+        model = item["model"]
+        lines.append(f"gateway / gRPC ({model}, 64 clients x 1 short text): "
+                     f"{item['texts_per_s'] / grpc[model]['texts_per_s']:.2f} x throughput")
+    for item in results.get("gateway_latency", []):
+        model = item["model"]
+        over_grpc = item["p50_ms"] - grpc_latency[model]["p50_ms"]
+        over_b = grpc_latency[model]["p50_ms"] - results["baseline_latency"]["p50_ms"]
+        lines.append(f"gateway - gRPC ({model}, one idle text): p50 {over_grpc:+.1f} ms; gRPC - B p50 {over_b:+.1f} ms")
+    return lines
 
 
 def queue_sizing(results: dict) -> list[str]:

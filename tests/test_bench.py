@@ -54,8 +54,10 @@ def test_gpu_benchmark_script_runs_on_the_cpu(tmp_path) -> None:
                             timeout=600, env=env)
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
     assert "no GPU: running the same steps on the CPU (fp32)" in result.stdout
-    encoder = (out / "repository" / "minilm_encoder" / "config.pbtxt").read_text()
-    assert 'backend: "pytorch"' in encoder and "KIND_CPU" in encoder
+    from pooltriton.contract.config import parse_config
+
+    encoder = parse_config(out / "repository" / "minilm_encoder" / "config.pbtxt")
+    assert encoder.backend == "pytorch" and encoder.instance_group[0].kind == encoder.instance_group[0].KIND_CPU
     data = json.loads((out / "bench.json").read_text())
     assert data["models"] == ["minilm"] and data["baseline_sorted"]["tokens_per_s"] > 0
     assert all(r["tokens_per_s"] > 0 for r in data["served"])

@@ -12,6 +12,7 @@ import pytest
 import torch
 from tiny_models import build
 
+from pooltriton.contract.config import parse_config
 from pooltriton.core.capabilities import detect
 from pooltriton.core.resolve import resolve
 from pooltriton.core.semantics import PoolingType
@@ -47,9 +48,9 @@ def test_repository_layout_and_verification_report() -> None:
     assert max(case["max_tokens"] for case in report["cases"]) == 256
     config = json.loads((REPOSITORY / "minilm" / "pooler_config.json").read_text())
     assert config["pooling_type"] == "MEAN" and config["max_length"] == 256
-    encoder_config = (REPOSITORY / "minilm_encoder" / "config.pbtxt").read_text()
-    assert 'backend: "openvino"' in encoder_config and "allow_ragged_batch: true" in encoder_config
-    assert '"HINT_BF16" value: { string_value: "NO" }' in encoder_config
+    encoder_config = parse_config(REPOSITORY / "minilm_encoder" / "config.pbtxt")
+    assert encoder_config.backend == "openvino" and encoder_config.input[0].allow_ragged_batch
+    assert encoder_config.parameters["HINT_BF16"].string_value == "NO"
 
 
 @pytest.mark.skipif(not detect().bf16, reason="this CPU has no AVX512-BF16/AMX, so minilm_bf16 is not exported "
@@ -60,8 +61,8 @@ def test_reduced_precision_export_records_cosine_within_its_bound() -> None:
     assert report["mean_cosine"] >= MEAN_COSINE and report["min_cosine"] >= MIN_COSINE
     # bf16 really ran: an fp32 graph would agree to ~1e-7, not ~1e-5.
     assert report["mean_cosine"] < 0.999999 and report["max_abs_error_activated"] > 1e-5
-    config = (REPOSITORY / "minilm_bf16_encoder" / "config.pbtxt").read_text()
-    assert '"HINT_BF16" value: { string_value: "YES" }' in config
+    config = parse_config(REPOSITORY / "minilm_bf16_encoder" / "config.pbtxt")
+    assert config.parameters["HINT_BF16"].string_value == "YES"
 
 
 def test_export_refuses_a_precision_the_runtime_cannot_serve(tmp_path) -> None:

@@ -12,6 +12,15 @@ import pytest
 
 from pooltriton.backends.ragged import MemoryModel, RaggedStats, plan_chunks, run_ragged, sequentially
 from pooltriton.contract.config import DynamicBatching, ModelConfig, Tensor
+from pooltriton.contract.parameters import (
+    STAGE_PARAMETERS,
+    EncoderParameters,
+    EnsembleParameters,
+    PluginParameters,
+    PoolerParameters,
+    ScorerParameters,
+    TokenizerParameters,
+)
 from pooltriton.core.resolve import resolve
 from pooltriton.core.semantics import Activation, PoolingType, Task, Truncation
 from pooltriton.core.tokenization import InputError, TextTokenizer
@@ -44,15 +53,24 @@ def test_inspect_cli_prints_resolved_config() -> None:
     assert json.loads(out)["pooling_type"] == "MEAN"
 
 
-def test_config_rendering() -> None:
-    text = ModelConfig(
+def test_config_rendering(tmp_path: Path) -> None:
+    """Written by protobuf's text_format and read back by it into Triton's own message."""
+    from pooltriton.contract.config import QueuePolicy, parse_config
+
+    folder = ModelConfig(
         name="m", backend="onnxruntime", max_batch_size=8,
         inputs=[Tensor("input_ids", "TYPE_INT64", (-1,), allow_ragged_batch=True)],
         outputs=[Tensor("pooled", "TYPE_FP32", (384,))],
-        dynamic_batching=DynamicBatching(100), parameters={"k": 2},
-    ).render()
-    assert 'backend: "onnxruntime"' in text and "allow_ragged_batch: true" in text
-    assert "max_queue_delay_microseconds: 100" in text and 'string_value: "2"' in text
+        dynamic_batching=DynamicBatching(100, priority_levels=3, queue=QueuePolicy(4, 5000)), parameters={"k": 2},
+    ).write(tmp_path)
+    config = parse_config(folder / "config.pbtxt")
+    assert config.backend == "onnxruntime" and config.input[0].allow_ragged_batch
+    assert list(config.output[0].dims) == [384] and config.instance_group[0].count == 1
+    batching = config.dynamic_batching
+    assert batching.max_queue_delay_microseconds == 100 and config.parameters["k"].string_value == "2"
+    assert (batching.priority_levels, batching.default_priority_level) == (3, 2)
+    assert (batching.default_queue_policy.max_queue_size, batching.default_queue_policy.default_timeout_microseconds,
+            batching.default_queue_policy.allow_timeout_override) == (4, 5000, True)
 
 
 @pytest.mark.parametrize(("value", "expected"), [(None, "NONE"), (True, "END"), ("start", "START"),
@@ -231,3 +249,36 @@ def test_queue_size_is_what_the_capacity_clears_within_the_timeout() -> None:
     assert queue_size_for(0.01, 1000) == 1
     with pytest.raises(ValueError):
         queue_size_for(0, 30_000)
+
+
+STAGE_EXAMPLES = [
+    TokenizerParameters(max_length=256, pad_token_id=0, outputs=("input_ids", "attention_mask"),
+                        tokenizer_file="tok.json", pad_to_buckets=(16, 32, 256), prompts={"query": "query: "},
+                        default_prompt_name="query"),
+    TokenizerParameters(max_length=8, pad_token_id=1, outputs=("input_ids",)),
+    EncoderParameters(pad_token_id=0, max_length=8192, ragged_token_budget=2048, memory_per_token=12288,
+                      memory_per_attention_cell=72, memory_budget=1 << 30),
+    EncoderParameters(pad_token_id=3, max_length=128),
+    PoolerParameters(task="classify", activation="softmax", use_activation=False, step_tag_id=12),
+    PoolerParameters(task="embed", activation="normalize"),
+    ScorerParameters(mode="cross_encoder", model="m", output="PROBABILITIES",
+                     template='query: {query} "document": {document}\n'),
+    PluginParameters(plugin="zero_shot", model="m", outputs=("PROBABILITIES",), module="my.plugins"),
+    EnsembleParameters(task="classify", max_length=512, labels=("1", "true", "B-PER"), matryoshka_dimensions=(64,)),
+    EnsembleParameters(task="embed", max_length=512),
+]
+
+
+@pytest.mark.parametrize("parameters", STAGE_EXAMPLES, ids=lambda p: type(p).__name__)
+def test_stage_parameters_round_trip_through_triton_s_own_config_parser(parameters, tmp_path: Path) -> None:
+    """Written into config.pbtxt by the export's path, parsed back by Triton's protobuf, read as the stage
+    reads it: equal, with every value its declared type (a label "1" stays a string, false stays false)."""
+    from pooltriton.contract.config import parse_config
+
+    folder = ModelConfig(name="stage", inputs=[], outputs=[], backend="python",
+                         parameters=parameters.to_parameters()).write(tmp_path)
+    parsed = parse_config(folder / "config.pbtxt")
+    back = type(parameters).from_parameters({k: v.string_value for k, v in parsed.parameters.items()})
+    assert back == parameters
+    assert STAGE_PARAMETERS  # every stage's class is exercised above
+    assert {type(p) for p in STAGE_EXAMPLES} == set(STAGE_PARAMETERS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -38,7 +39,7 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
                         metavar="ID,ID", help="STEP pooling on a causal LM: the vocabulary ids to score")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pooltriton", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -130,86 +131,111 @@ def main(argv: list[str] | None = None) -> int:
     ready = sub.add_parser("ready", help="exit 0 when the local server is ready (/v2/health/ready): for health checks")
     ready.add_argument("--http-port", type=int, default=_port("HTTP", 8000))
 
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _export(args: argparse.Namespace) -> int:
     from pooltriton.core.resolve import ResolutionError
+    from pooltriton.export.build import ExportOptions, export_model
 
-    if args.command == "export":
-        from pooltriton.export.build import ExportOptions, export_model
-
-        options = ExportOptions(
-            name=args.name, out=Path(args.out), task=args.task, pooling_type=args.pooling_type,
-            use_activation=args.use_activation, max_length=args.max_length, step_tag_id=args.step_tag_id,
-            returned_token_ids=args.returned_token_ids, convert=args.convert, runtime=args.runtime,
-            precision=args.precision, device=args.device,
-            matryoshka_dimensions=args.matryoshka_dimensions,
-            batching=args.batching, tensorrt=args.tensorrt, encoder_threads=args.encoder_threads,
-            tolerance=args.tolerance, memory_budget_mb=args.memory_budget_mb,
-            queue_size=args.queue_size, queue_timeout_ms=args.queue_timeout_ms,
-            allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code,
-            classifier_from_tokens=args.classifier_from_tokens, score_template=args.score_template,
-        )
-        try:
-            export_model(_local(args.model), options)
-        except ResolutionError as error:  # what was asked cannot be served: a usage error
-            print(f"pooltriton export: {error}", file=sys.stderr)
-            return 2
-        except Exception as error:  # one paragraph, no traceback (POOLTRITON_DEBUG=1 shows it)
-            if os.environ.get("POOLTRITON_DEBUG"):
-                raise
-            kind = "verification failed" if type(error).__name__ == "VerificationError" else type(error).__name__
-            print(f"pooltriton export: {kind}: {error} Nothing was written for {args.name!r}. "
-                  f"(POOLTRITON_DEBUG=1 shows the traceback.)", file=sys.stderr)
-            return 1
-    elif args.command == "plugin":
-        from pooltriton.export.plugin import write_plugin
-
-        try:
-            print(write_plugin(args.name, args.plugin, args.module, args.model, Path(args.out)))
-        except (ResolutionError, KeyError, ImportError) as error:
-            print(f"pooltriton plugin: {error}", file=sys.stderr)
-            return 2
-    elif args.command == "capabilities":
-        from pooltriton.core.capabilities import detect
-
-        print(json.dumps(detect().summary(), indent=2) if args.json else detect().report())
-    elif args.command == "inspect":
-        from pooltriton.core.resolve import resolve
-
-        config = resolve(_local(args.model), task=args.task, pooling_type=args.pooling_type,
-                         use_activation=args.use_activation, max_length=args.max_length,
-                         step_tag_id=args.step_tag_id, returned_token_ids=args.returned_token_ids,
-                         convert=args.convert)
-        print(json.dumps(config.to_json(), indent=2))
-    elif args.command == "defaults":
-        from pooltriton.export.defaults import build_defaults
-
-        build_defaults(Path(args.out), force=args.force, device=args.device, tensorrt=args.tensorrt)
-    elif args.command == "backends":
-        from pooltriton.server.assemble import assemble
-
-        print(assemble(Path(args.out), native=args.native))
-    elif args.command == "ready":
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{args.http_port}/v2/health/ready", timeout=5) as answer:
-                return 0 if answer.status == 200 else 1
-        except OSError as error:
-            print(f"pooltriton ready: not ready ({error})", file=sys.stderr)
-            return 1
-    elif args.command == "serve":
-        from pooltriton.server.assemble import assemble
-        from pooltriton.server.launcher import TritonServer
-
-        server = TritonServer(Path(args.repository), assemble(Path(args.backends)),
-                              http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
-        gateway = None
-        if args.gateway_port:
-            gateway = [sys.executable, "-m", "pooltriton.gateway", "--triton", f"localhost:{args.grpc_port}",
-                       "--port", str(args.gateway_port)]
-        return server.run_foreground(companion=gateway, canary_interval_s=args.canary_interval_s,
-                                     canary_deadline_s=args.canary_deadline_s)
+    # Every option of the export is an argument of the same name.
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(ExportOptions) if hasattr(args, f.name)}
+    options = ExportOptions(**{**given, "out": Path(args.out)})
+    try:
+        export_model(_local(args.model), options)
+    except ResolutionError as error:  # what was asked cannot be served: a usage error
+        print(f"pooltriton export: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:  # one paragraph, no traceback (POOLTRITON_DEBUG=1 shows it)
+        if os.environ.get("POOLTRITON_DEBUG"):
+            raise
+        kind = "verification failed" if type(error).__name__ == "VerificationError" else type(error).__name__
+        print(f"pooltriton export: {kind}: {error} Nothing was written for {args.name!r}. "
+              f"(POOLTRITON_DEBUG=1 shows the traceback.)", file=sys.stderr)
+        return 1
     return 0
+
+
+def _plugin(args: argparse.Namespace) -> int:
+    from pooltriton.core.resolve import ResolutionError
+    from pooltriton.export.plugin import write_plugin
+
+    try:
+        print(write_plugin(args.name, args.plugin, args.module, args.model, Path(args.out)))
+    except (ResolutionError, KeyError, ImportError) as error:
+        print(f"pooltriton plugin: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _capabilities(args: argparse.Namespace) -> int:
+    from pooltriton.core.capabilities import detect
+
+    print(json.dumps(detect().summary(), indent=2) if args.json else detect().report())
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from pooltriton.core.resolve import resolve
+
+    config = resolve(_local(args.model), task=args.task, pooling_type=args.pooling_type,
+                     use_activation=args.use_activation, max_length=args.max_length,
+                     step_tag_id=args.step_tag_id, returned_token_ids=args.returned_token_ids, convert=args.convert)
+    print(json.dumps(config.to_json(), indent=2))
+    return 0
+
+
+def _defaults(args: argparse.Namespace) -> int:
+    from pooltriton.export.defaults import build_defaults
+
+    build_defaults(Path(args.out), force=args.force, device=args.device, tensorrt=args.tensorrt)
+    return 0
+
+
+def _backends(args: argparse.Namespace) -> int:
+    from pooltriton.server.assemble import assemble
+
+    print(assemble(Path(args.out), native=args.native))
+    return 0
+
+
+def _ready(args: argparse.Namespace) -> int:
+    import tritonclient.http as httpclient
+
+    try:
+        with httpclient.InferenceServerClient(f"127.0.0.1:{args.http_port}", connection_timeout=5,
+                                              network_timeout=5) as client:
+            return 0 if client.is_server_ready() else 1
+    except Exception as error:  # refused, reset or Triton's own error: not ready, said in one line
+        print(f"pooltriton ready: not ready ({error})", file=sys.stderr)
+        return 1
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from pooltriton.server.assemble import assemble
+    from pooltriton.server.launcher import TritonServer
+
+    logging.basicConfig(level=os.environ.get("POOLTRITON_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = TritonServer(Path(args.repository), assemble(Path(args.backends)),
+                          http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
+    gateway = None
+    if args.gateway_port:
+        gateway = [sys.executable, "-m", "pooltriton.gateway", "--triton", f"localhost:{args.grpc_port}",
+                   "--port", str(args.gateway_port)]
+    return server.run_foreground(companion=gateway, canary_interval_s=args.canary_interval_s,
+                                 canary_deadline_s=args.canary_deadline_s)
+
+
+COMMANDS = {"export": _export, "plugin": _plugin, "capabilities": _capabilities, "inspect": _inspect,
+            "defaults": _defaults, "backends": _backends, "ready": _ready, "serve": _serve}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return COMMANDS[args.command](args)
 
 
 def _port(name: str, default: int) -> int:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import triton_python_backend_utils as pb_utils
 
 from pooltriton.contract.config import read_parameters
+from pooltriton.contract.parameters import StageParameters
 from pooltriton.contract.requests import text_array
+
+S = TypeVar("S", bound=StageParameters)
 
 
 class ModelArgs:
@@ -24,6 +27,10 @@ class ModelArgs:
         # KIND_GPU instances get their GPU here (as the native backends do); everything else runs on CPU.
         gpu = args.get("model_instance_kind") == "GPU"
         self.device = f"cuda:{args.get('model_instance_device_id', 0)}" if gpu else "cpu"
+
+    def stage(self, kind: type[S]) -> S:
+        """This stage's typed parameters (contract.parameters), as the export wrote them."""
+        return kind.from_parameters(self.parameters)
 
     # config.pbtxt parameters are strings; each key is read as the type the export wrote it in, so a
     # value never changes type with its content (a label "1" stays a string).

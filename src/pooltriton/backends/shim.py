@@ -17,6 +17,7 @@ import triton_python_backend_utils as pb_utils
 from pooltriton.backends.common import CANCELLED, Counters, ModelArgs, error_response, input_array, skip_cancelled
 from pooltriton.backends.ragged import TOKEN_BUDGET, MemoryModel, RaggedStats, memory_budget, run_ragged
 from pooltriton.contract import INPUT_IDS
+from pooltriton.contract.parameters import EncoderParameters
 
 
 class EncoderShim:
@@ -41,18 +42,18 @@ class EncoderShim:
         self.output_names = [tensor["name"] for tensor in model.config["output"]]
         # Outputs with a sequence axis ([L, ...] after the batch axis) are cut back per request.
         self.per_token = {t["name"] for t in model.config["output"] if len(t["dims"]) >= 2}
-        self.pad_values = {INPUT_IDS: model.integer("pad_token_id", 0)}
+        parameters = model.stage(EncoderParameters)
+        self.pad_values = {INPUT_IDS: parameters.pad_token_id}
         self.stats = RaggedStats()
-        self.token_budget = model.integer("ragged_token_budget", TOKEN_BUDGET)
-        self.max_width = model.integer("max_length", 0)
+        self.token_budget = parameters.ragged_token_budget or TOKEN_BUDGET
+        self.max_width = parameters.max_length
         self.counters = Counters(model.name, ("pooltriton_tokens_total", "pooltriton_padding_tokens_total", CANCELLED))
         self.load(model.version_dir / filename, model)
         self.memory = None
-        if model.integer("memory_per_token") is not None:
+        if parameters.memory_per_token is not None and parameters.memory_per_attention_cell is not None:
             instances = sum(group.get("count", 1) for group in model.config.get("instance_group", [])) or 1
-            budget = memory_budget(model.integer("memory_budget", 0), instances * self.concurrent_chunks)
-            self.memory = MemoryModel(model.integer("memory_per_token"), model.integer("memory_per_attention_cell"),
-                                      budget)
+            budget = memory_budget(parameters.memory_budget, instances * self.concurrent_chunks)
+            self.memory = MemoryModel(parameters.memory_per_token, parameters.memory_per_attention_cell, budget)
 
     def _run_chunks(self, chunks: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         return [dict(zip(self.output_names, outputs)) for outputs in self.run_chunks(chunks)]

@@ -104,10 +104,24 @@ class TritonTransport:
             try:
                 return await call()
             except Exception as error:
-                if (delay := retry_delay(attempt, error, self.retries)) is None:
-                    raise
+                failure = self._connection_error(error) or error
+                if (delay := retry_delay(attempt, failure, self.retries)) is None:
+                    if failure is error:
+                        raise
+                    raise failure from error
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
+
+    def _connection_error(self, error: Exception) -> ConnectionError | None:
+        """aiohttp's refused or dropped connections (the HTTP client's) as the ConnectionError they are:
+        the server is not there, which the retry policy treats as UNAVAILABLE."""
+        if self.protocol != "http" or isinstance(error, ConnectionError):
+            return None
+        import aiohttp
+
+        if isinstance(error, (aiohttp.ClientConnectionError, OSError)):
+            return ConnectionError(f"{type(error).__name__}: {error}")
+        return None
 
     async def infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
         tensors = []

@@ -40,6 +40,10 @@ RESTRICTED_APIS = ("shared-memory", "model-repository", "statistics", "trace", "
 def admin_headers(key: str, protocol: str) -> dict[str, str]:
     """The header that opens the restricted APIs: over gRPC Triton expects it under a prefix."""
     return {("triton-grpc-protocol-" if protocol == "grpc" else "") + ADMIN_HEADER: key}
+
+
+# The request parameters an ensemble understands (a plugin passes these on to the model it wraps).
+ENCODE_PARAMETERS = ("truncate", "max_tokens", "use_activation", "prompt_name")
 # What the gateway tells a client it turned away for overload (HTTP 429 Retry-After, seconds).
 RETRY_AFTER_S = 1
 

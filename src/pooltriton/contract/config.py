@@ -1,7 +1,8 @@
 """One typed description of a Triton model, rendered to `config.pbtxt`.
 
 Every config in the generated repository comes from these dataclasses; there are no per-task
-templates. The text format is protobuf text (model_config.proto); only the fields we use exist here.
+templates. They are built into Triton's own protobuf message (model_config.proto, shipped with
+tritonclient) and written by protobuf's `text_format`, which also reads them back (`parse_config`).
 """
 
 from __future__ import annotations
@@ -71,30 +72,42 @@ class ModelConfig:
     default_model_filename: str | None = None
     gpu_accelerators: list[Accelerator] = field(default_factory=list)
 
-    def render(self) -> str:
-        lines = [f"name: {_q(self.name)}"]
+    def message(self) -> Any:
+        """This config as Triton's own ModelConfig protobuf message (model_config.proto)."""
+        from tritonclient.grpc import model_config_pb2 as pb
+
+        config = pb.ModelConfig(name=self.name, max_batch_size=self.max_batch_size)
         if self.platform:
-            lines.append(f"platform: {_q(self.platform)}")
+            config.platform = self.platform
         if self.backend:
-            lines.append(f"backend: {_q(self.backend)}")
+            config.backend = self.backend
         if self.default_model_filename:
-            lines.append(f"default_model_filename: {_q(self.default_model_filename)}")
-        lines.append(f"max_batch_size: {self.max_batch_size}")
-        lines.append(_tensors("input", self.inputs))
-        lines.append(_tensors("output", self.outputs))
+            config.default_model_filename = self.default_model_filename
+        for tensor in self.inputs:
+            config.input.add(name=tensor.name, data_type=pb.DataType.Value(tensor.data_type), dims=tensor.dims,
+                             allow_ragged_batch=tensor.allow_ragged_batch, optional=tensor.optional)
+        for tensor in self.outputs:  # outputs are never ragged or optional in model_config.proto
+            config.output.add(name=tensor.name, data_type=pb.DataType.Value(tensor.data_type), dims=tensor.dims)
         if self.dynamic_batching is not None:
-            lines.append(_dynamic_batching(self.dynamic_batching))
+            _dynamic_batching(config.dynamic_batching, self.dynamic_batching)
         if self.platform != "ensemble":
-            lines.append(
-                f"instance_group [ {{ count: {self.instance_count} kind: {self.instance_kind} }} ]"
-            )
-        if self.gpu_accelerators:
-            lines.append(_accelerators(self.gpu_accelerators))
-        if self.parameters:
-            lines.append(_parameters(self.parameters))
-        if self.ensemble_steps:
-            lines.append(_ensemble(self.ensemble_steps))
-        return "\n".join(lines) + "\n"
+            kind = pb.ModelInstanceGroup.Kind.Value(self.instance_kind)
+            config.instance_group.add(count=self.instance_count, kind=kind)
+        for accelerator in self.gpu_accelerators:
+            config.optimization.execution_accelerators.gpu_execution_accelerator.add(
+                name=accelerator.name, parameters=accelerator.parameters)
+        for key, value in self.parameters.items():
+            config.parameters[key].string_value = value if isinstance(value, str) else json.dumps(value)
+        for step in self.ensemble_steps:
+            config.ensemble_scheduling.step.add(model_name=step.model_name, model_version=-1,
+                                                input_map=step.input_map, output_map=step.output_map)
+        return config
+
+    def render(self) -> str:
+        """config.pbtxt, written by protobuf's text_format (and so parsed back by it, as Triton does)."""
+        from google.protobuf import text_format
+
+        return text_format.MessageToString(self.message())
 
     def write(self, repository: Path) -> Path:
         """Write `<repository>/<name>/config.pbtxt` and the version folder Triton requires."""
@@ -104,67 +117,20 @@ class ModelConfig:
         return model_dir
 
 
-def _accelerators(accelerators: list[Accelerator]) -> str:
-    items = []
-    for accelerator in accelerators:
-        parameters = " ".join(f"parameters {{ key: {_q(k)} value: {_q(v)} }}"
-                              for k, v in accelerator.parameters.items())
-        items.append(f"{{ name: {_q(accelerator.name)} {parameters} }}")
-    return f"optimization {{ execution_accelerators {{ gpu_execution_accelerator: [ {', '.join(items)} ] }} }}"
+def _dynamic_batching(message: Any, batching: DynamicBatching) -> None:
+    from tritonclient.grpc import model_config_pb2 as pb
 
-
-def _q(text: str) -> str:
-    return json.dumps(text)
-
-
-def _dims(dims: tuple[int, ...]) -> str:
-    return "[ " + ", ".join(str(d) for d in dims) + " ]"
-
-
-def _tensors(kind: str, tensors: list[Tensor]) -> str:
-    blocks = []
-    for tensor in tensors:
-        parts = [f"name: {_q(tensor.name)}", f"data_type: {tensor.data_type}", f"dims: {_dims(tensor.dims)}"]
-        if tensor.allow_ragged_batch:
-            parts.append("allow_ragged_batch: true")
-        if tensor.optional:
-            parts.append("optional: true")
-        blocks.append("  { " + " ".join(parts) + " }")
-    return f"{kind} [\n" + ",\n".join(blocks) + "\n]"
-
-
-def _dynamic_batching(batching: DynamicBatching) -> str:
-    parts = [f"max_queue_delay_microseconds: {batching.max_queue_delay_microseconds}"]
-    if batching.preferred_batch_size:
-        parts.append(f"preferred_batch_size: {_dims(batching.preferred_batch_size)}")
+    message.max_queue_delay_microseconds = batching.max_queue_delay_microseconds
+    message.preferred_batch_size.extend(batching.preferred_batch_size)
     if batching.priority_levels:
-        parts.append(f"priority_levels: {batching.priority_levels}")
-        parts.append(f"default_priority_level: {(batching.priority_levels + 1) // 2}")
+        message.priority_levels = batching.priority_levels
+        message.default_priority_level = (batching.priority_levels + 1) // 2
     if batching.queue is not None:
-        queue = batching.queue
-        parts.append("default_queue_policy { timeout_action: REJECT "
-                     f"default_timeout_microseconds: {queue.timeout_microseconds} "
-                     f"allow_timeout_override: {str(queue.allow_timeout_override).lower()} "
-                     f"max_queue_size: {queue.max_queue_size} }}")
-    return "dynamic_batching { " + " ".join(parts) + " }"
-
-
-def _parameters(parameters: dict[str, Any]) -> str:
-    entries = []
-    for key, value in parameters.items():
-        text = value if isinstance(value, str) else json.dumps(value)
-        entries.append(f"  {{ key: {_q(key)} value: {{ string_value: {_q(text)} }} }}")
-    return "parameters [\n" + ",\n".join(entries) + "\n]"
-
-
-def _ensemble(steps: list[EnsembleStep]) -> str:
-    blocks = []
-    for step in steps:
-        maps = [f"model_name: {_q(step.model_name)}", "model_version: -1"]
-        maps += [f"input_map {{ key: {_q(k)} value: {_q(v)} }}" for k, v in step.input_map.items()]
-        maps += [f"output_map {{ key: {_q(k)} value: {_q(v)} }}" for k, v in step.output_map.items()]
-        blocks.append("    { " + "\n      ".join(maps) + " }")
-    return "ensemble_scheduling {\n  step [\n" + ",\n".join(blocks) + "\n  ]\n}"
+        policy = message.default_queue_policy
+        policy.timeout_action = pb.ModelQueuePolicy.REJECT
+        policy.default_timeout_microseconds = batching.queue.timeout_microseconds
+        policy.allow_timeout_override = batching.queue.allow_timeout_override
+        policy.max_queue_size = batching.queue.max_queue_size
 
 
 def read_parameters(model_config: dict[str, Any]) -> dict[str, str]:

@@ -27,6 +27,7 @@ from pooltriton.contract import (
     TOKEN_COUNTS,
 )
 from pooltriton.contract.config import read_parameters
+from pooltriton.contract.parameters import EnsembleParameters
 from pooltriton.core.scoring import split_tokens
 
 # Attempts on UNAVAILABLE (server starting or restarting, queue full), with exponential backoff capped
@@ -73,11 +74,14 @@ class ModelInfo:
 
 
 def model_info(name: str, config: dict) -> ModelInfo:
+    """A served ensemble's config (its EnsembleParameters); a model that is not one has no task."""
+    outputs = tuple(o["name"] for o in config["output"])
     parameters = read_parameters(config)
-    return ModelInfo(name=name, task=parameters.get("task", ""), outputs=tuple(o["name"] for o in config["output"]),
-                     labels=tuple(json.loads(parameters.get("labels", "[]"))),
-                     max_length=int(parameters["max_length"]) if "max_length" in parameters else None,
-                     dimensions=tuple(json.loads(parameters.get("matryoshka_dimensions", "[]"))))
+    if "task" not in parameters:
+        return ModelInfo(name=name, task="", outputs=outputs, labels=())
+    ensemble = EnsembleParameters.from_parameters(parameters)
+    return ModelInfo(name=name, task=ensemble.task, outputs=outputs, labels=ensemble.labels or (),
+                     max_length=ensemble.max_length, dimensions=ensemble.matryoshka_dimensions or ())
 
 
 def text_array(texts: Sequence[str | bytes], batched: bool) -> np.ndarray:

@@ -17,6 +17,9 @@ CPU, CUDA = "cpu", "cuda"
 TOLERANCES = {FP32: 1e-5, BF16: 0.005, FP16: 0.005}
 
 
+# The native onnxruntime and pytorch backends' thread parameter (written here, read by their shims).
+INTRA_OP_THREADS = "intra_op_thread_count"
+
 @dataclass(frozen=True)
 class Runtime:
     name: str  # the export option
@@ -33,7 +36,7 @@ class Runtime:
             return {"INFERENCE_NUM_THREADS": str(threads), "NUM_STREAMS": str(streams),
                     "PERFORMANCE_HINT": "LATENCY", "HINT_BF16": "YES" if precision == BF16 else "NO"}
         # onnxruntime and pytorch share this key; TorchScript weights already carry their dtype.
-        return {"intra_op_thread_count": str(threads)}
+        return {INTRA_OP_THREADS: str(threads)}
 
 
 RUNTIMES = {

@@ -53,6 +53,13 @@ from pooltriton.contract.config import (
     QueuePolicy,
     Tensor,
 )
+from pooltriton.contract.parameters import (
+    EncoderParameters,
+    EnsembleParameters,
+    PoolerParameters,
+    ScorerParameters,
+    TokenizerParameters,
+)
 from pooltriton.core.capabilities import AUTO, Capabilities, PrecisionError, choose_precision, detect
 from pooltriton.core.resolve import SUPPORTED_MODEL_TYPES, PoolerConfig, ResolutionError, resolve
 from pooltriton.core.runtimes import CPU, CUDA, FP32, RUNTIMES, Runtime
@@ -292,20 +299,12 @@ def pipeline_configs(
     text_inputs = [Tensor(TEXT, "TYPE_STRING", (1,)), Tensor(TEXT_PAIR, "TYPE_STRING", (1,), optional=True)]
     # The pooler of a token task needs the mask (real tokens) and the ids (STEP tags).
     pooler_extra = [n for n in (ATTENTION_MASK, INPUT_IDS) if per_token]
-    tokenizer_params = {
-        "tokenizer_file": "tokenizer.json",
-        "max_length": config.max_length,
-        "pad_token_id": pad_token_id,
-        "outputs": list(dict.fromkeys([*encoder_inputs, *pooler_extra])),
-    }
-    if config.prompts:
-        tokenizer_params["prompts"] = config.prompts
-        if config.default_prompt_name is not None:
-            tokenizer_params["default_prompt_name"] = config.default_prompt_name
     queue = QueuePolicy(options.queue_size, options.queue_timeout_ms * 1000)
-    if not ragged:
-        tokenizer_params["pad_to_buckets"] = [b for b in BUCKETS if b < config.max_length] + [config.max_length]
-    token_outputs = tokenizer_params["outputs"]
+    token_outputs = list(dict.fromkeys([*encoder_inputs, *pooler_extra]))
+    tokenizer_params = TokenizerParameters(
+        max_length=config.max_length, pad_token_id=pad_token_id, outputs=tuple(token_outputs),
+        pad_to_buckets=None if ragged else (*(b for b in BUCKETS if b < config.max_length), config.max_length),
+        prompts=dict(config.prompts), default_prompt_name=config.default_prompt_name if config.prompts else None)
     prompt_tokens = Tensor(PROMPT_TOKENS, "TYPE_INT64", (1,))
     tokenizer = ModelConfig(
         name=names.tokenizer, backend="tokenizer", max_batch_size=MAX_BATCH_SIZE,
@@ -315,7 +314,7 @@ def pipeline_configs(
         # anyway, and when idle a delay is pure latency on a single text (docs/performance.md).
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS,
                                          queue=queue),
-        parameters=tokenizer_params,
+        parameters=tokenizer_params.to_parameters(),
     )
     encoder = ModelConfig(
         name=names.encoder, backend=runtime.backend, default_model_filename=runtime.filename,
@@ -327,34 +326,31 @@ def pipeline_configs(
         instance_kind="KIND_GPU" if options.device == CUDA else "KIND_CPU",
         gpu_accelerators=[TENSORRT] if options.tensorrt else [],
         # The native backends' own keys, so the config means the same on both servers.
-        parameters={**runtime.parameters(options.encoder_threads, options.precision), "pad_token_id": pad_token_id,
-                    "max_length": config.max_length,
-                    **({"ragged_token_budget": options.ragged_token_budget or RAGGED_TOKEN_BUDGET[options.device],
-                        "memory_per_token": memory[0], "memory_per_attention_cell": memory[1],
-                        "memory_budget": options.memory_budget_mb << 20}
-                       if ragged else {})},
+        parameters={**runtime.parameters(options.encoder_threads, options.precision), **EncoderParameters(
+            pad_token_id=pad_token_id, max_length=config.max_length,
+            **({"ragged_token_budget": options.ragged_token_budget or RAGGED_TOKEN_BUDGET[options.device],
+                "memory_per_token": memory[0], "memory_per_attention_cell": memory[1],
+                "memory_budget": options.memory_budget_mb << 20} if ragged else {})).to_parameters()},
     )
-    pooler_params = {"task": config.task.value, "activation": config.activation.value,
-                     "use_activation": config.use_activation}
-    if config.pooling_type is PoolingType.STEP and config.step_tag_id is not None:
-        pooler_params["step_tag_id"] = config.step_tag_id
+    pooler_params = PoolerParameters(
+        task=config.task.value, activation=config.activation.value, use_activation=config.use_activation,
+        step_tag_id=config.step_tag_id if config.pooling_type is PoolingType.STEP else None)
     pooler = ModelConfig(
         name=names.pooler, backend="pooler", max_batch_size=MAX_BATCH_SIZE,
         inputs=[pooled] + [Tensor(n, "TYPE_INT64", (-1,)) for n in pooler_extra],
         outputs=public_outputs,
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, queue=queue),
-        parameters=pooler_params,
+        parameters=pooler_params.to_parameters(),
     )
-    ensemble_params: dict = {"task": config.task.value, "max_length": config.max_length}
-    if options.matryoshka_dimensions:
-        if not config.task.is_embedding or any(not 0 < d < width for d in options.matryoshka_dimensions):
-            raise ResolutionError(f"Matryoshka dimensions must be below the embedding width {width}, for embed tasks")
-        ensemble_params["matryoshka_dimensions"] = sorted(options.matryoshka_dimensions)
-    if config.labels:
-        ensemble_params["labels"] = list(config.labels)
+    if options.matryoshka_dimensions and (not config.task.is_embedding
+                                          or any(not 0 < d < width for d in options.matryoshka_dimensions)):
+        raise ResolutionError(f"Matryoshka dimensions must be below the embedding width {width}, for embed tasks")
+    ensemble_params = EnsembleParameters(
+        task=config.task.value, max_length=config.max_length, labels=tuple(config.labels) if config.labels else None,
+        matryoshka_dimensions=tuple(sorted(options.matryoshka_dimensions)) or None)
     ensemble = ModelConfig(
         name=names.ensemble, platform="ensemble", max_batch_size=MAX_BATCH_SIZE,
-        inputs=text_inputs, outputs=[*public_outputs, prompt_tokens], parameters=ensemble_params,
+        inputs=text_inputs, outputs=[*public_outputs, prompt_tokens], parameters=ensemble_params.to_parameters(),
         ensemble_steps=[
             EnsembleStep(names.tokenizer, {TEXT: TEXT, TEXT_PAIR: TEXT_PAIR},
                          {n: n for n in (*token_outputs, PROMPT_TOKENS)}),
@@ -371,8 +367,8 @@ def pipeline_configs(
             inputs=[Tensor(QUERY, "TYPE_STRING", (-1,)), Tensor(DOCUMENTS, "TYPE_STRING", (-1,))],
             outputs=[Tensor(SCORES, "TYPE_FP32", (-1,)), prompt_tokens],
             instance_count=2,  # scoring waits on the ensemble it calls; two let requests overlap
-            parameters={"mode": mode, "model": names.ensemble, "output": output.name,
-                        **({"template": options.score_template} if options.score_template else {})},
+            parameters=ScorerParameters(mode=mode, model=names.ensemble, output=output.name,
+                                        template=options.score_template).to_parameters(),
         ))
     return models
 

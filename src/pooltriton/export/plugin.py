@@ -14,6 +14,7 @@ from pooltriton.contract import (
     invalid_module_name,
 )
 from pooltriton.contract.config import ModelConfig, Tensor
+from pooltriton.contract.parameters import PluginParameters
 from pooltriton.core.plugins import get_plugin
 from pooltriton.core.resolve import ResolutionError
 from pooltriton.core.semantics import Task
@@ -32,5 +33,5 @@ def write_plugin(name: str, plugin: str, module: str | None, model: str, out: Pa
     return ModelConfig(
         name=name, backend="plugin", max_batch_size=0,
         inputs=[Tensor(PLUGIN_INPUT, "TYPE_STRING", (-1,))], outputs=[Tensor(PLUGIN_OUTPUT, "TYPE_STRING", (-1,))],
-        parameters={"plugin": plugin, "module": module or "", "model": model, "outputs": outputs},
+        parameters=PluginParameters(plugin=plugin, model=model, outputs=tuple(outputs), module=module).to_parameters(),
     ).write(out)

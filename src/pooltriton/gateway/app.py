@@ -15,7 +15,6 @@ shape: {"error": {"message", "type", "param", "code"}}.
 from __future__ import annotations
 
 import argparse
-import hmac
 import json
 import os
 import time
@@ -34,6 +33,7 @@ from pooltriton.client.service import PoolingService, Transport, TritonTransport
 from pooltriton.contract import ADMIN_KEY_ENV, admin_headers
 from pooltriton.gateway.body_limit import BodyLimit
 from pooltriton.gateway.disconnect import CancelOnDisconnect
+from pooltriton.gateway.guard import Guard
 from pooltriton.gateway.metrics import CLIENT_CLOSED, GatewayMetrics
 from pooltriton.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from pooltriton.gateway.protocol import (
@@ -48,7 +48,16 @@ from pooltriton.gateway.protocol import (
     TokenizeRequest,
     error_body,
 )
-from pooltriton.gateway.serving import Serving, as_texts, as_token_ids, base64_vector, cohere_encode, matryoshka, usage
+from pooltriton.gateway.serving import (
+    JSON,
+    Serving,
+    as_texts,
+    as_token_ids,
+    base64_vector,
+    cohere_encode,
+    matryoshka,
+    usage,
+)
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -109,9 +118,11 @@ def create_app(triton_url: str, api_key: str | None = None, client: Transport | 
             raise APIError(400, f"model {model.name!r} is {model.task}: use /pooling for token outputs", "model")
         pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **parameters))
         vectors = matryoshka(model, pooled.values, body.dimensions, "dimensions")
-        encode = base64_vector if body.encoding_format == "base64" else np.ndarray.tolist
-        data = [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(vectors)]
-        return {"object": "list", "data": data, "model": model.name, "usage": usage(pooled.tokens)}
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64_vector(v) if body.encoding_format == "base64" else v}
+                for i, v in enumerate(vectors)]
+        return JSON({"object": "list", "data": data, "model": model.name, "usage": usage(pooled.tokens)})
 
     @app.post("/v2/embed")
     async def cohere_embed(body: CohereEmbedRequest):
@@ -120,9 +131,9 @@ def create_app(triton_url: str, api_key: str | None = None, client: Transport | 
         pooled = await serving(service.encode(body.texts, model=model.name, **parameters))
         vectors = matryoshka(model, pooled.values, body.output_dimension, "output_dimension")
         embeddings = {kind: cohere_encode(vectors, kind) for kind in dict.fromkeys(body.embedding_types)}
-        return {"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": body.texts,
-                "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": pooled.tokens}},
-                "response_type": "embeddings_by_type"}
+        return JSON({"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": body.texts,
+                     "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": pooled.tokens}},
+                     "response_type": "embeddings_by_type"})
 
     @app.post("/classify")
     async def classify(body: ClassifyRequest):
@@ -133,8 +144,8 @@ def create_app(triton_url: str, api_key: str | None = None, client: Transport | 
                                               **body.parameters()))
         data = [{"index": i, "label": model.labels[int(p.argmax())] if model.labels else int(p.argmax()),
                  "probs": p.tolist(), "num_classes": len(p)} for i, p in enumerate(pooled.values)]
-        return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-                "model": model.name, "data": data, "usage": usage(pooled.tokens)}
+        return JSON({"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                     "model": model.name, "data": data, "usage": usage(pooled.tokens)})
 
     async def score_route(body: ScoreRequest):
         model = await serving.model(body.model)
@@ -169,9 +180,10 @@ def create_app(triton_url: str, api_key: str | None = None, client: Transport | 
         model = await serving.model(body.model)
         pooled = await serving(service.encode(as_texts(body.input), model=model.name, priority=body.priority,
                                               **body.parameters()))
-        return {"id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model.name,
-                "data": [{"index": i, "object": "pooling", "data": np.asarray(v).tolist()}
-                         for i, v in enumerate(pooled.values)], "usage": usage(pooled.tokens)}
+        return JSON({"id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                     "model": model.name, "data": [{"index": i, "object": "pooling", "data": np.asarray(v).tolist()}
+                                                   for i, v in enumerate(pooled.values)],
+                     "usage": usage(pooled.tokens)})
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
@@ -200,19 +212,7 @@ def _middlewares(app: FastAPI, api_key: str | None, observed: GatewayMetrics) ->
     # Innermost: the guard below sees (and counts) its 413s; bodies are bounded however they are framed.
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, error_body=error_body)
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        started = time.monotonic()
-        if request.url.path != "/health" and api_key:
-            given = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, f"Bearer {api_key}".encode()):  # constant time
-                return JSONResponse(error_body(401, "missing or wrong API key (Authorization: Bearer ...)",
-                                               "authentication_error"), status_code=401)
-        response = await call_next(request)
-        seconds = time.monotonic() - started
-        observed.observe(request.scope, response.status_code, seconds)
-        response.headers["x-process-time-ms"] = f"{seconds * 1000:.1f}"
-        return response
+    app.add_middleware(Guard, api_key=api_key, observe=observed.observe, error_body=error_body)
 
     app.add_middleware(CancelOnDisconnect,
                        on_cancel=lambda scope, seconds: observed.observe(scope, CLIENT_CLOSED, seconds))

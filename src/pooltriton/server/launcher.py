@@ -8,7 +8,7 @@ prefix is cleaned up when the server stops.
 from __future__ import annotations
 
 import glob
-import json
+import logging
 import os
 import secrets
 import signal
@@ -16,13 +16,19 @@ import subprocess
 import sys
 import sysconfig
 import time
-import urllib.request
 from pathlib import Path
+from typing import Any
+
+from tritonclient.utils import InferenceServerException
 
 from pooltriton.contract import ADMIN_HEADER, ADMIN_KEY_ENV, RESTRICTED_APIS, admin_headers, stages
 from pooltriton.contract.config import parse_config
 from pooltriton.server.assemble import SERVER_ENV, server_binary, triton_home
 from pooltriton.server.supervisor import CANARY_DEADLINE_S, CANARY_INTERVAL_S, Supervisor
+
+log = logging.getLogger(__name__)
+# A server that is not (or no longer) there: refused or reset connections, or Triton's own error.
+ADMIN_ERRORS = (OSError, InferenceServerException)
 
 # Accepted requests get this long to finish when the server stops (Kubernetes' default grace period
 # is 30 s; Triton's own exit timeout follows).
@@ -127,11 +133,17 @@ class TritonServer:
                                         preexec_fn=_die_with_parent)
         return self
 
+    def triton(self, timeout: float = 30.0) -> Any:
+        """tritonclient's HTTP client to this server (readiness and the repository API)."""
+        import tritonclient.http as httpclient
+
+        return httpclient.InferenceServerClient(self.http_url, connection_timeout=timeout, network_timeout=timeout)
+
     def ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as response:
-                return response.status == 200
-        except OSError:
+            with self.triton(2) as client:
+                return bool(client.is_server_ready())
+        except ADMIN_ERRORS:
             return False
 
     def wait_ready(self, timeout: float = 300.0) -> None:
@@ -144,13 +156,18 @@ class TritonServer:
             time.sleep(0.5)
         raise TimeoutError(f"tritonserver was not ready within {timeout:.0f}s")
 
-    def admin(self, path: str, timeout: float = 30.0) -> object:
-        """POST to one of Triton's restricted APIs (repository index, load, unload) with the admin key."""
-        request = urllib.request.Request(f"http://{self.http_url}{path}", data=b"{}", method="POST",
-                                         headers=self.admin_headers())
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            body = response.read()
-        return json.loads(body) if body else None
+    def repository_index(self) -> list[dict]:
+        """Triton's repository index (a restricted API: the admin key opens it)."""
+        with self.triton() as client:
+            return client.get_model_repository_index(headers=self.admin_headers())
+
+    def load(self, model: str, timeout: float = 300.0) -> None:
+        with self.triton(timeout) as client:
+            client.load_model(model, headers=self.admin_headers())
+
+    def unload(self, model: str, timeout: float = 300.0) -> None:
+        with self.triton(timeout) as client:
+            client.unload_model(model, headers=self.admin_headers())
 
     def drain(self, timeout: float = DRAIN_TIMEOUT_S) -> None:
         """Stop taking requests and let the accepted ones finish. Triton's own SIGTERM refuses the
@@ -159,7 +176,7 @@ class TritonServer:
         the ones inside finish, and each is gone once its last request answered."""
         deadline = time.monotonic() + timeout
         try:
-            ready = {m["name"] for m in self.admin("/v2/repository/index") if m.get("state") == "READY"}
+            ready = {m["name"] for m in self.repository_index() if m.get("state") == "READY"}
             inner = {name for model in ready for name in (stages(model).tokenizer, stages(model).encoder,
                                                           stages(model).pooler)}
             public = sorted(ready - inner)
@@ -167,13 +184,13 @@ class TritonServer:
             callers = [name for name in public if _backend(self.repository, name) in ("scorer", "plugin")]
             for phase in (callers, [name for name in public if name not in callers]):
                 for name in phase:
-                    self.admin(f"/v2/repository/models/{name}/unload")
+                    self.unload(name, timeout=30)
                 while time.monotonic() < deadline:
-                    states = {m["name"]: m.get("state") for m in self.admin("/v2/repository/index")}
+                    states = {m["name"]: m.get("state") for m in self.repository_index()}
                     if not any(states.get(name) in ("READY", "UNLOADING") for name in phase):
                         break
                     time.sleep(0.2)
-        except OSError:
+        except ADMIN_ERRORS:
             return  # the server is already going: nothing left to drain
 
     def stop(self, timeout: float = EXIT_TIMEOUT_S + 15, drain: bool = True) -> int | None:
@@ -228,8 +245,8 @@ class TritonServer:
 
         signal.signal(signal.SIGINT, _forward)
         signal.signal(signal.SIGTERM, _forward)
-        print(f"tritonserver: HTTP {self.http_port}, gRPC {self.grpc_port}, metrics {self.metrics_port} "
-              f"(Ctrl-C stops it)", file=sys.stderr, flush=True)
+        log.info("tritonserver: HTTP %s, gRPC %s, metrics %s (Ctrl-C stops it)", self.http_port, self.grpc_port,
+                    self.metrics_port)
         helper = None
         supervisor = None
         while not stop["requested"] and self.process.poll() is None:
@@ -239,7 +256,7 @@ class TritonServer:
             if companion and helper is None and self.ready():
                 helper = subprocess.Popen(companion, preexec_fn=_die_with_parent,
                                           env={**os.environ, ADMIN_KEY_ENV: self.admin_key})
-                print(f"gateway: {' '.join(companion[2:])}", file=sys.stderr, flush=True)
+                log.info("gateway: %s", " ".join(companion[2:]))
             time.sleep(0.2)
         if supervisor is not None:
             supervisor.stop()

@@ -19,26 +19,42 @@ Overload (UNAVAILABLE) and models being reloaded are not wedges.
 from __future__ import annotations
 
 import functools
+import logging
 import os
-import re
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
+
+import grpc
+from tritonclient.utils import InferenceServerException
 
 from pooltriton.contract import TEXT
 from pooltriton.contract.config import parse_config
 from pooltriton.contract.requests import text_array
 
+log = logging.getLogger(__name__)
+
 # A canary waits for at most one executing batch per stage: seconds for 128 long texts on 2 cores.
 CANARY_INTERVAL_S, CANARY_DEADLINE_S = 10.0, 30.0
 CANARY_PRIORITY = 1  # Triton's highest level (contract.PRIORITY_LEVELS)
-# How the Python backend reports a stub that stopped answering its health pings (alive or not).
-_UNHEALTHY = re.compile(r"Stub process '(\w+)' is not healthy")
+# Status codes of a failed canary that mean a stage is wedged (Triton answers INTERNAL for a stub that
+# stopped answering its health pings); anything else (overload, a reload under way) is not.
+_WEDGED = (str(grpc.StatusCode.INTERNAL), str(grpc.StatusCode.DEADLINE_EXCEEDED))
+# Process states of a stub that cannot answer: stopped, traced, zombie, dead (/proc/<pid>/stat).
+_STUCK_STATES = frozenset("TtZXx")
 
 # The stub's command line: stub, model path, shm region, sizes..., instance name at this index.
 _INSTANCE_ARG = 8
+
+
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of a process (R, S, D, T, Z, ...); X when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "X"
+    return stat[stat.rindex(")") + 2]
 
 
 def instance_model(instance: str) -> str:
@@ -91,8 +107,8 @@ class Supervisor:
         while not self._stop.wait(self.interval_s):
             try:
                 self.check()
-            except OSError as error:  # the server is stopping or unreachable: try again next tick
-                print(f"supervisor: {error}", file=sys.stderr, flush=True)
+            except (OSError, InferenceServerException) as error:  # stopping or unreachable: try next tick
+                log.warning("supervisor: %s", error)
 
     def check(self) -> list[str]:
         """Reload every model one of whose stubs died since the last check; returns those models."""
@@ -100,11 +116,11 @@ class Supervisor:
         dead = sorted({instance_model(i) for i, pid in self.expected.items() if current.get(i) != pid})
         for model in dead:
             started = time.monotonic()
-            print(f"supervisor: a stub of {model} died; reloading it", file=sys.stderr, flush=True)
-            self.server.admin(f"/v2/repository/models/{model}/unload", timeout=300)
-            self.server.admin(f"/v2/repository/models/{model}/load", timeout=300)
+            log.warning("supervisor: a stub of %s died; reloading it", model)
+            self.server.unload(model)
+            self.server.load(model)
             self.healed.append((model, time.monotonic() - started))
-            print(f"supervisor: {model} is back ({time.monotonic() - started:.1f} s)", file=sys.stderr, flush=True)
+            log.info("supervisor: %s is back (%.1f s)", model, time.monotonic() - started)
         if dead:
             current = self.stubs()
         # A reloaded model's instances as they are now; one already gone again (it died during the
@@ -126,11 +142,10 @@ class Supervisor:
 
     def canary(self, model: str) -> dict[str, int]:
         """Nothing when a one-text inference of `model` answered (or was refused for overload or a reload);
-        else the stubs to restart, as they were when the canary was sent (a stub the watch has replaced
-        since is not touched): the one Triton calls unhealthy (it pings its stubs and names one that
-        stopped answering), or every stage of the ensemble when the deadline passed."""
+        else (INTERNAL or past its deadline) the stubs to restart, as they were when the canary was sent (a
+        stub the watch has replaced since is not touched): those of the ensemble's stages that the
+        kernel shows cannot run (stopped or zombie), or every stage's when none is."""
         import tritonclient.grpc as grpcclient
-        from tritonclient.utils import InferenceServerException
 
         sent_to = self.stubs()
         inputs = [grpcclient.InferInput(TEXT, [1, 1], "BYTES")]
@@ -140,13 +155,12 @@ class Supervisor:
                 client.infer(model, inputs, priority=CANARY_PRIORITY, client_timeout=self.canary_deadline_s)
                 return {}
             except InferenceServerException as error:
-                unhealthy = _UNHEALTHY.search(error.message() or "")
-                if unhealthy:
-                    return {i: pid for i, pid in sent_to.items() if i == unhealthy.group(1)}
-                if error.status() == "StatusCode.DEADLINE_EXCEEDED":
-                    steps = self.ensembles.get(model, [])
-                    return {i: pid for i, pid in sent_to.items() if instance_model(i) in steps}
-                return {}
+                if error.status() not in _WEDGED:
+                    return {}
+        steps = self.ensembles.get(model, [])
+        stages = {i: pid for i, pid in sent_to.items() if instance_model(i) in steps}
+        stuck = {i: pid for i, pid in stages.items() if process_state(pid) in _STUCK_STATES}
+        return stuck or stages
 
     def check_canaries(self, only: set[str] | None = None) -> list[str]:
         """Kill the stubs a failed canary points at (the watch above then reloads their models); returns
@@ -163,8 +177,8 @@ class Supervisor:
                 except ProcessLookupError:
                     pass  # already dead: the watch has it
             if killed:
-                print(f"supervisor: {model} failed its canary (deadline {self.canary_deadline_s:g} s); restarted "
-                      f"{', '.join(sorted(killed))}", file=sys.stderr, flush=True)
+                log.warning("supervisor: %s failed its canary (deadline %g s); restarted %s", model,
+                            self.canary_deadline_s, ", ".join(sorted(killed)))
                 wedged.append(model)
         self.wedged += wedged
         return wedged
@@ -174,4 +188,4 @@ class Supervisor:
             try:
                 self.check_canaries()
             except Exception as error:  # the server is stopping: try again next round
-                print(f"supervisor canary: {error}", file=sys.stderr, flush=True)
+                log.warning("supervisor canary: %s", error)

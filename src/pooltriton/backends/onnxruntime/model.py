@@ -9,6 +9,7 @@ import onnxruntime as ort
 
 from pooltriton.backends.common import ModelArgs
 from pooltriton.backends.shim import EncoderShim
+from pooltriton.core.runtimes import INTRA_OP_THREADS
 
 
 class TritonPythonModel(EncoderShim):
@@ -16,7 +17,7 @@ class TritonPythonModel(EncoderShim):
 
     def load(self, path: Path, model: ModelArgs) -> None:
         options = ort.SessionOptions()
-        options.intra_op_num_threads = model.integer("intra_op_thread_count", 0)
+        options.intra_op_num_threads = model.integer(INTRA_OP_THREADS, 0)
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

@@ -17,7 +17,8 @@ from pooltriton.backends.common import (
     internal_error,
     request_parameters,
 )
-from pooltriton.contract import PLUGIN_INPUT, PLUGIN_OUTPUT, TEXT
+from pooltriton.contract import ENCODE_PARAMETERS, PLUGIN_INPUT, PLUGIN_OUTPUT, TEXT
+from pooltriton.contract.parameters import PluginParameters
 from pooltriton.core.plugins import get_plugin
 from pooltriton.core.tokenization import InputError, decode_texts
 
@@ -25,14 +26,15 @@ from pooltriton.core.tokenization import InputError, decode_texts
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         model = ModelArgs(args)
-        self.name = model.text("plugin")
-        self.plugin = get_plugin(self.name, model.text("module"))
-        self.target: str = model.text("model")
-        self.outputs: list[str] = model.json("outputs")
+        parameters = model.stage(PluginParameters)
+        self.name = parameters.plugin
+        self.plugin = get_plugin(self.name, parameters.module)
+        self.target = parameters.model
+        self.outputs = list(parameters.outputs)
 
     def _call(self, texts: list[str], parameters: dict) -> dict[str, np.ndarray]:
         # The wrapped model sees only the parameters it understands.
-        passed = {k: v for k, v in parameters.items() if k in ("truncate", "use_activation")}
+        passed = {k: v for k, v in parameters.items() if k in ENCODE_PARAMETERS}
         return call_model(self.target, {TEXT: texts}, self.outputs, passed)
 
     def execute(self, requests: list) -> list:

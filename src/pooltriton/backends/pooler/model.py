@@ -13,6 +13,7 @@ import triton_python_backend_utils as pb_utils
 
 from pooltriton.backends.common import ModelArgs, error_response, input_array, request_parameters
 from pooltriton.contract import ATTENTION_MASK, ENCODER_OUTPUT, INPUT_IDS, OUTPUT_NAMES, TOKEN_COUNTS
+from pooltriton.contract.parameters import PoolerParameters
 from pooltriton.core.activation import apply_activation
 from pooltriton.core.semantics import Activation, Task
 
@@ -29,11 +30,11 @@ def real_token_rows(values: np.ndarray, mask: np.ndarray, ids: np.ndarray | None
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
-        model = ModelArgs(args)
-        self.task = Task(model.text("task"))
-        self.activation = Activation(model.text("activation"))
-        self.use_activation = model.flag("use_activation", True)
-        self.step_tag_id = model.integer("step_tag_id")
+        parameters = ModelArgs(args).stage(PoolerParameters)
+        self.task = Task(parameters.task)
+        self.activation = Activation(parameters.activation)
+        self.use_activation = parameters.use_activation
+        self.step_tag_id = parameters.step_tag_id
         self.output = OUTPUT_NAMES[self.task]
 
     def execute(self, requests: list) -> list:

@@ -15,14 +15,14 @@ import triton_python_backend_utils as pb_utils
 from pooltriton.backends.common import ModelArgs
 from pooltriton.backends.shim import EncoderShim
 from pooltriton.core.capabilities import load_warning
-from pooltriton.core.runtimes import torchscript_precision
+from pooltriton.core.runtimes import INTRA_OP_THREADS, torchscript_precision
 
 
 class TritonPythonModel(EncoderShim):
     default_filename = "model.pt"
 
     def load(self, path: Path, model: ModelArgs) -> None:
-        threads = model.integer("intra_op_thread_count", 0)
+        threads = model.integer(INTRA_OP_THREADS, 0)
         if threads:
             torch.set_num_threads(threads)
         self.device = torch.device(model.device)

@@ -30,18 +30,17 @@ from pooltriton.contract import (
     TEXT_PAIR,
     TOKEN_COUNTS,
 )
+from pooltriton.contract.parameters import ScorerParameters
 from pooltriton.core.scoring import cosine, maxsim, pair_up, split_tokens
 from pooltriton.core.tokenization import InputError, decode_texts
 
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
-        model = ModelArgs(args)
-        self.mode: str = model.text("mode")
-        self.target: str = model.text("model")
-        self.output: str = model.text("output")
+        parameters = ModelArgs(args).stage(ScorerParameters)
+        self.mode, self.target, self.output = parameters.mode, parameters.model, parameters.output
         # A decoder reranker reads each pair as one text of its prompt template ({query}, {document}).
-        self.template: str | None = model.text("template", "") or None
+        self.template = parameters.template or None
 
     def _call(self, parameters: dict, **inputs: list[str]) -> dict[str, np.ndarray]:
         outputs = [self.output, PROMPT_TOKENS] + ([TOKEN_COUNTS] if self.mode == LATE_INTERACTION else [])

@@ -35,6 +35,7 @@ from pooltriton.contract import (
     TOKEN_TYPE_IDS,
     TOKENIZE,
 )
+from pooltriton.contract.parameters import TokenizerParameters
 from pooltriton.contract.requests import text_array
 from pooltriton.core.semantics import Truncation
 from pooltriton.core.tokenization import InputError, TextTokenizer, TokenIds, decode_texts
@@ -43,15 +44,13 @@ from pooltriton.core.tokenization import InputError, TextTokenizer, TokenIds, de
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         model = ModelArgs(args)
-        self.tokenizer = TextTokenizer(
-            str(model.version_dir / model.text("tokenizer_file", "tokenizer.json")),
-            max_length=model.integer("max_length"),
-            pad_token_id=model.integer("pad_token_id"),
-        )
-        self.outputs: list[str] = model.json("outputs", [INPUT_IDS, ATTENTION_MASK])
-        self.buckets: list[int] | None = model.json("pad_to_buckets")
-        self.prompts: dict[str, str] = model.json("prompts", {})
-        self.default_prompt: str | None = model.text("default_prompt_name")
+        parameters = model.stage(TokenizerParameters)
+        self.tokenizer = TextTokenizer(str(model.version_dir / parameters.tokenizer_file),
+                                       max_length=parameters.max_length, pad_token_id=parameters.pad_token_id)
+        self.outputs = list(parameters.outputs)
+        self.buckets = None if parameters.pad_to_buckets is None else list(parameters.pad_to_buckets)
+        self.prompts = parameters.prompts
+        self.default_prompt = parameters.default_prompt_name
         self.counters = Counters(model.name, ("pooltriton_truncations_total", CANCELLED))
 
     def finalize(self) -> None:
