@@ -221,22 +221,26 @@ async def single_text_latency(grpc_url: str, texts: list[str], baseline: Baselin
 
 async def through_gateway(base_url: str, texts: list[str], concurrency: int, model: str,
                           real_tokens: int | None = None) -> dict:
-    """`concurrency` HTTP clients, each posting one text at a time to the gateway's /v1/embeddings."""
-    import httpx
+    """`concurrency` HTTP clients, each posting one text at a time to the gateway's /v1/embeddings.
+    aiohttp drives the load: httpx's async client capped at ~220 requests/s here, under the gateway."""
+    import aiohttp
 
     queue: asyncio.Queue = asyncio.Queue()
     for text in texts:
         queue.put_nowait(text)
     latencies: list[float] = []
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=120) as http:
-        (await http.post("/v1/embeddings", json={"model": model, "input": texts[:8]})).raise_for_status()
+    url = f"{base_url}/v1/embeddings"
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as http:
+        async with http.post(url, json={"model": model, "input": texts[:8]}) as answer:
+            answer.raise_for_status()
 
         async def worker() -> None:
             while not queue.empty():
                 text = queue.get_nowait()
                 started = time.perf_counter()
-                (await http.post("/v1/embeddings", json={"model": model, "input": [text]})).raise_for_status()
+                async with http.post(url, json={"model": model, "input": [text]}) as answer:
+                    answer.raise_for_status()
+                    await answer.read()
                 latencies.append(time.perf_counter() - started)
 
         started = time.perf_counter()
@@ -248,15 +252,17 @@ async def through_gateway(base_url: str, texts: list[str], concurrency: int, mod
 
 async def gateway_latency(base_url: str, texts: list[str], models: tuple[str, ...]) -> dict[str, dict]:
     """One text at a time through the gateway, paused between calls like single_text_latency."""
-    import httpx
+    import aiohttp
 
     times: dict[str, list[float]] = {model: [] for model in models}
-    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+    async with aiohttp.ClientSession() as http:
         for text in texts:
             for model in models:
                 await asyncio.sleep(PAUSE_S)
                 started = time.perf_counter()
-                (await http.post("/v1/embeddings", json={"model": model, "input": [text]})).raise_for_status()
+                async with http.post(f"{base_url}/v1/embeddings", json={"model": model, "input": [text]}) as answer:
+                    answer.raise_for_status()
+                    await answer.read()
                 times[model].append(time.perf_counter() - started)
     return {model: percentiles(values) for model, values in times.items()}
 
