@@ -290,80 +290,13 @@ def resolve(
             raise ResolutionError("classifier tokens make a classify model; other tasks cannot be asked with them")
         convert, sources["classifier_tokens"] = "classify", EXPLICIT
 
-    arch_task = task_from_architecture(architecture)
-    if convert is not None:
-        if convert not in ("embed", "classify"):
-            raise ResolutionError(f"convert must be 'embed' or 'classify', not {convert!r}")
-        arch_task = Task(convert)
-        sources["convert"] = EXPLICIT
-    if task is not None:
-        resolved_task = Task(task)
-        reward_lm = (resolved_task is Task.TOKEN_CLASSIFY and is_causal_lm(architecture)
-                     and bool(returned_token_ids) and pooling_type == PoolingType.STEP)
-        if not reward_lm:
-            _check_task_supported(arch_task, resolved_task, architecture)
-        sources["task"] = EXPLICIT
-    else:
-        resolved_task, sources["task"] = arch_task, ARCHITECTURE
-    if resolved_task is Task.CLASSIFY and arch_task is Task.TOKEN_CLASSIFY:
-        raise ResolutionError(f"{architecture} classifies tokens; use task token_classify")
-    if resolved_task is Task.TOKEN_CLASSIFY and arch_task is Task.CLASSIFY:
-        raise ResolutionError(f"{architecture} classifies sequences; use task classify")
-
-    # Pooling type.
-    st_type = st_pooling_type(files.st_pooling) if files.st_pooling else None
-    if pooling_type is not None:
-        resolved_pooling, sources["pooling_type"] = PoolingType(pooling_type), EXPLICIT
-    elif resolved_task.per_token:
-        resolved_pooling, sources["pooling_type"] = PoolingType.ALL, TASK_DEFAULT
-    elif st_type is not None:
-        resolved_pooling, sources["pooling_type"] = st_type, SENTENCE_TRANSFORMERS
-    elif resolved_task is Task.CLASSIFY and files.hf.get("classifier_pooling") in _CLASSIFIER_POOLING:
-        # ModernBERT's classifier pools as its config says before its head.
-        resolved_pooling = _CLASSIFIER_POOLING[files.hf["classifier_pooling"]]
-        sources["pooling_type"] = HF_CONFIG
-    elif model_type in CLS_DEFAULT_MODEL_TYPES and not is_decoder(files):
-        resolved_pooling, sources["pooling_type"] = PoolingType.CLS, ARCHITECTURE
-    else:
-        resolved_pooling, sources["pooling_type"] = PoolingType.LAST, ARCHITECTURE
-    if resolved_pooling.per_token != resolved_task.per_token:
-        raise ResolutionError(
-            f"pooling type {resolved_pooling.value} does not fit task {resolved_task.value}: "
-            "token tasks take ALL or STEP, sequence tasks CLS, LAST, MEAN, MAX, MEAN_SQRT_LEN or WEIGHTED_MEAN"
-        )
+    resolved_task = _resolve_task(architecture, task, convert, pooling_type, returned_token_ids, sources)
+    resolved_pooling = _resolve_pooling(files, resolved_task, pooling_type, sources)
     if resolved_pooling is PoolingType.STEP and not (returned_token_ids or step_tag_id is not None):
         raise ResolutionError("STEP pooling needs returned_token_ids or step_tag_id")
-
-    # Activation: embeddings normalise; classifiers follow problem_type > ST > label count.
-    if resolved_task.is_embedding:
-        num_labels, labels = None, None
-    elif classifier_tokens is not None:
-        num_labels, labels = 1, (classifier_tokens[1][0],)
-    elif returned_token_ids and is_causal_lm(architecture):
-        num_labels = len(returned_token_ids)
-        labels = tuple(f"token_{i}" for i in returned_token_ids)
-    else:
-        num_labels, labels = _labels(files.hf)
-    if resolved_task.is_embedding:
-        activation = Activation.NORMALIZE
-        if use_activation is not None:
-            sources["use_activation"] = EXPLICIT
-        elif files.st_pooling is not None:
-            use_activation = files.has_st_module("Normalize")
-            sources["use_activation"] = SENTENCE_TRANSFORMERS
-        else:
-            use_activation, sources["use_activation"] = True, TASK_DEFAULT
-        sources["activation"] = TASK_DEFAULT
-    else:
-        if classifier_tokens is not None:
-            activation, sources["activation"] = Activation.SIGMOID, EXPLICIT
-        else:
-            activation, sources["activation"] = _classifier_activation(files.hf, num_labels)
-        if use_activation is None:
-            use_activation, sources["use_activation"] = True, TASK_DEFAULT
-        else:
-            sources["use_activation"] = EXPLICIT
-
+    num_labels, labels = _resolve_labels(files, resolved_task, classifier_tokens, returned_token_ids)
+    activation, use_activation = _resolve_activation(files, resolved_task, num_labels, use_activation,
+                                                     classifier_tokens is not None, sources)
     length, sources["max_length"] = resolve_max_length(files, max_length)
     return PoolerConfig(
         task=resolved_task,
@@ -386,6 +319,95 @@ def resolve(
         self_pooling_head=resolved_task is Task.CLASSIFY and model_type in SELF_POOLING_HEAD_MODEL_TYPES,
         sources=sources,
     )
+
+
+def _resolve_task(architecture: str, task: Task | str | None, convert: str | None,
+                  pooling_type: PoolingType | str | None, returned_token_ids: tuple[int, ...] | None,
+                  sources: dict[str, str]) -> Task:
+    """Explicit task > the architecture's (or `convert`'s) family; checked against the model's head."""
+    arch_task = task_from_architecture(architecture)
+    if convert is not None:
+        if convert not in ("embed", "classify"):
+            raise ResolutionError(f"convert must be 'embed' or 'classify', not {convert!r}")
+        arch_task = Task(convert)
+        sources["convert"] = EXPLICIT
+    if task is not None:
+        resolved = Task(task)
+        reward_lm = (resolved is Task.TOKEN_CLASSIFY and is_causal_lm(architecture)
+                     and bool(returned_token_ids) and pooling_type == PoolingType.STEP)
+        if not reward_lm:
+            _check_task_supported(arch_task, resolved, architecture)
+        sources["task"] = EXPLICIT
+    else:
+        resolved, sources["task"] = arch_task, ARCHITECTURE
+    if resolved is Task.CLASSIFY and arch_task is Task.TOKEN_CLASSIFY:
+        raise ResolutionError(f"{architecture} classifies tokens; use task token_classify")
+    if resolved is Task.TOKEN_CLASSIFY and arch_task is Task.CLASSIFY:
+        raise ResolutionError(f"{architecture} classifies sequences; use task classify")
+    return resolved
+
+
+def _resolve_pooling(files: ModelFiles, task: Task, pooling_type: PoolingType | str | None,
+                     sources: dict[str, str]) -> PoolingType:
+    """Explicit > token tasks' ALL > sentence-transformers > the classifier's config > the architecture's."""
+    model_type = files.hf.get("model_type", "")
+    st_type = st_pooling_type(files.st_pooling) if files.st_pooling else None
+    if pooling_type is not None:
+        resolved, sources["pooling_type"] = PoolingType(pooling_type), EXPLICIT
+    elif task.per_token:
+        resolved, sources["pooling_type"] = PoolingType.ALL, TASK_DEFAULT
+    elif st_type is not None:
+        resolved, sources["pooling_type"] = st_type, SENTENCE_TRANSFORMERS
+    elif task is Task.CLASSIFY and files.hf.get("classifier_pooling") in _CLASSIFIER_POOLING:
+        # ModernBERT's classifier pools as its config says before its head.
+        resolved, sources["pooling_type"] = _CLASSIFIER_POOLING[files.hf["classifier_pooling"]], HF_CONFIG
+    elif model_type in CLS_DEFAULT_MODEL_TYPES and not is_decoder(files):
+        resolved, sources["pooling_type"] = PoolingType.CLS, ARCHITECTURE
+    else:
+        resolved, sources["pooling_type"] = PoolingType.LAST, ARCHITECTURE
+    if resolved.per_token != task.per_token:
+        raise ResolutionError(
+            f"pooling type {resolved.value} does not fit task {task.value}: "
+            "token tasks take ALL or STEP, sequence tasks CLS, LAST, MEAN, MAX, MEAN_SQRT_LEN or WEIGHTED_MEAN"
+        )
+    return resolved
+
+
+def _resolve_labels(files: ModelFiles, task: Task, classifier_tokens: tuple | None,
+                    returned_token_ids: tuple[int, ...] | None) -> tuple[int | None, tuple[str, ...] | None]:
+    if task.is_embedding:
+        return None, None
+    if classifier_tokens is not None:
+        return 1, (classifier_tokens[1][0],)
+    if returned_token_ids and is_causal_lm(files.architecture):
+        return len(returned_token_ids), tuple(f"token_{i}" for i in returned_token_ids)
+    return _labels(files.hf)
+
+
+def _resolve_activation(files: ModelFiles, task: Task, num_labels: int | None, use_activation: bool | None,
+                        classifier_tokens: bool, sources: dict[str, str]) -> tuple[Activation, bool]:
+    """Embeddings normalise (unless sentence-transformers has no Normalize); classifiers follow
+    problem_type > sentence-transformers > label count."""
+    if task.is_embedding:
+        activation = Activation.NORMALIZE
+        if use_activation is not None:
+            sources["use_activation"] = EXPLICIT
+        elif files.st_pooling is not None:
+            use_activation = files.has_st_module("Normalize")
+            sources["use_activation"] = SENTENCE_TRANSFORMERS
+        else:
+            use_activation, sources["use_activation"] = True, TASK_DEFAULT
+        sources["activation"] = TASK_DEFAULT
+        return activation, bool(use_activation)
+    if classifier_tokens:
+        activation, sources["activation"] = Activation.SIGMOID, EXPLICIT
+    else:
+        activation, sources["activation"] = _classifier_activation(files.hf, num_labels)
+    if use_activation is None:
+        use_activation, sources["use_activation"] = True, TASK_DEFAULT
+    else:
+        sources["use_activation"] = EXPLICIT
+    return activation, bool(use_activation)
 
 
 def _prompts(files: ModelFiles, task: Task) -> dict[str, Any]:

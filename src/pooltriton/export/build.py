@@ -42,6 +42,7 @@ from pooltriton.contract import (
     TEXT,
     TEXT_PAIR,
     TOKEN_COUNTS,
+    Stages,
     invalid_model_name,
     stages,
 )
@@ -280,6 +281,20 @@ def score_mode(config: PoolerConfig) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Tensors:
+    """The tensors the stages of one pipeline pass each other."""
+
+    text_inputs: list[Tensor]
+    token_outputs: list[str]  # what the tokenizer hands the encoder (and the pooler of a token task)
+    encoder_inputs: tuple[str, ...]
+    pooled: Tensor  # the encoder's output
+    pooler_extra: list[str]  # the pooler of a token task needs the mask (real tokens) and the ids (STEP tags)
+    output: Tensor
+    public_outputs: list[Tensor]
+    prompt_tokens: Tensor
+
+
 def pipeline_configs(
     options: ExportOptions,
     config: PoolerConfig,
@@ -289,88 +304,101 @@ def pipeline_configs(
     pad_token_id: int,
     memory: tuple[int, int],  # bytes per token and per attention cell of a row (export.memory)
 ) -> list[ModelConfig]:
-    names = stages(options.name)
-    ragged = options.batching == "ragged"
+    """tokenizer -> encoder -> pooler behind one ensemble, and a scorer where the model can score."""
     per_token = config.task.per_token
-    runtime = RUNTIMES[options.runtime]
-    pooled = Tensor(encoder_output, "TYPE_FP32", (-1, width) if per_token else (width,))
-    output = Tensor(OUTPUT_NAMES[config.task], "TYPE_FP32", (width,))
-    public_outputs = [output] + ([Tensor(TOKEN_COUNTS, "TYPE_INT64", (1,))] if per_token else [])
-    text_inputs = [Tensor(TEXT, "TYPE_STRING", (1,)), Tensor(TEXT_PAIR, "TYPE_STRING", (1,), optional=True)]
-    # The pooler of a token task needs the mask (real tokens) and the ids (STEP tags).
-    pooler_extra = [n for n in (ATTENTION_MASK, INPUT_IDS) if per_token]
-    queue = QueuePolicy(options.queue_size, options.queue_timeout_ms * 1000)
-    token_outputs = list(dict.fromkeys([*encoder_inputs, *pooler_extra]))
-    tokenizer_params = TokenizerParameters(
-        max_length=config.max_length, pad_token_id=pad_token_id, outputs=tuple(token_outputs),
-        pad_to_buckets=None if ragged else (*(b for b in BUCKETS if b < config.max_length), config.max_length),
-        prompts=dict(config.prompts), default_prompt_name=config.default_prompt_name if config.prompts else None)
-    prompt_tokens = Tensor(PROMPT_TOKENS, "TYPE_INT64", (1,))
-    tokenizer = ModelConfig(
-        name=names.tokenizer, backend="tokenizer", max_batch_size=MAX_BATCH_SIZE,
-        inputs=text_inputs, outputs=[*(Tensor(n, "TYPE_INT64", (-1,)) for n in token_outputs), prompt_tokens,
-                                     Tensor(DETOKENIZED, "TYPE_STRING", (1,))],
-        # No queue delay (here and on the encoder): under load requests queue while the encoder runs
-        # anyway, and when idle a delay is pure latency on a single text (docs/performance.md).
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS,
-                                         queue=queue),
-        parameters=tokenizer_params.to_parameters(),
-    )
-    encoder = ModelConfig(
-        name=names.encoder, backend=runtime.backend, default_model_filename=runtime.filename,
-        max_batch_size=MAX_BATCH_SIZE,
-        inputs=[Tensor(n, "TYPE_INT64", (-1,), allow_ragged_batch=ragged) for n in encoder_inputs],
-        outputs=[pooled],
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS,
-                                         queue=queue),
-        instance_kind="KIND_GPU" if options.device == CUDA else "KIND_CPU",
-        gpu_accelerators=[TENSORRT] if options.tensorrt else [],
-        # The native backends' own keys, so the config means the same on both servers.
-        parameters={**runtime.parameters(options.encoder_threads, options.precision), **EncoderParameters(
-            pad_token_id=pad_token_id, max_length=config.max_length,
-            **({"ragged_token_budget": options.ragged_token_budget or RAGGED_TOKEN_BUDGET[options.device],
-                "memory_per_token": memory[0], "memory_per_attention_cell": memory[1],
-                "memory_budget": options.memory_budget_mb << 20} if ragged else {})).to_parameters()},
-    )
-    pooler_params = PoolerParameters(
-        task=config.task.value, activation=config.activation.value, use_activation=config.use_activation,
-        step_tag_id=config.step_tag_id if config.pooling_type is PoolingType.STEP else None)
-    pooler = ModelConfig(
-        name=names.pooler, backend="pooler", max_batch_size=MAX_BATCH_SIZE,
-        inputs=[pooled] + [Tensor(n, "TYPE_INT64", (-1,)) for n in pooler_extra],
-        outputs=public_outputs,
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, queue=queue),
-        parameters=pooler_params.to_parameters(),
-    )
     if options.matryoshka_dimensions and (not config.task.is_embedding
                                           or any(not 0 < d < width for d in options.matryoshka_dimensions)):
         raise ResolutionError(f"Matryoshka dimensions must be below the embedding width {width}, for embed tasks")
-    ensemble_params = EnsembleParameters(
-        task=config.task.value, max_length=config.max_length, labels=tuple(config.labels) if config.labels else None,
-        matryoshka_dimensions=tuple(sorted(options.matryoshka_dimensions)) or None)
-    ensemble = ModelConfig(
-        name=names.ensemble, platform="ensemble", max_batch_size=MAX_BATCH_SIZE,
-        inputs=text_inputs, outputs=[*public_outputs, prompt_tokens], parameters=ensemble_params.to_parameters(),
-        ensemble_steps=[
-            EnsembleStep(names.tokenizer, {TEXT: TEXT, TEXT_PAIR: TEXT_PAIR},
-                         {n: n for n in (*token_outputs, PROMPT_TOKENS)}),
-            EnsembleStep(names.encoder, {n: n for n in encoder_inputs}, {encoder_output: encoder_output}),
-            EnsembleStep(names.pooler, {n: n for n in (encoder_output, *pooler_extra)},
-                         {t.name: t.name for t in public_outputs}),
-        ],
-    )
-    models = [tokenizer, encoder, pooler, ensemble]
+    pooler_extra = [n for n in (ATTENTION_MASK, INPUT_IDS) if per_token]
+    output = Tensor(OUTPUT_NAMES[config.task], "TYPE_FP32", (width,))
+    tensors = _Tensors(
+        text_inputs=[Tensor(TEXT, "TYPE_STRING", (1,)), Tensor(TEXT_PAIR, "TYPE_STRING", (1,), optional=True)],
+        token_outputs=list(dict.fromkeys([*encoder_inputs, *pooler_extra])), encoder_inputs=encoder_inputs,
+        pooled=Tensor(encoder_output, "TYPE_FP32", (-1, width) if per_token else (width,)),
+        pooler_extra=pooler_extra, output=output,
+        public_outputs=[output] + ([Tensor(TOKEN_COUNTS, "TYPE_INT64", (1,))] if per_token else []),
+        prompt_tokens=Tensor(PROMPT_TOKENS, "TYPE_INT64", (1,)))
+    names = stages(options.name)
+    queue = QueuePolicy(options.queue_size, options.queue_timeout_ms * 1000)
+    models = [_tokenizer_config(names.tokenizer, options, config, tensors, pad_token_id, queue),
+              _encoder_config(names.encoder, options, config, tensors, pad_token_id, memory, queue),
+              ModelConfig(name=names.pooler, backend="pooler", max_batch_size=MAX_BATCH_SIZE,
+                          inputs=[tensors.pooled] + [Tensor(n, "TYPE_INT64", (-1,)) for n in pooler_extra],
+                          outputs=tensors.public_outputs,
+                          dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, queue=queue),
+                          parameters=PoolerParameters(
+                              task=config.task.value, activation=config.activation.value,
+                              use_activation=config.use_activation,
+                              step_tag_id=config.step_tag_id if config.pooling_type is PoolingType.STEP else None,
+                          ).to_parameters()),
+              _ensemble_config(names, options, config, tensors)]
     mode = score_mode(config)
     if mode is not None:
         models.append(ModelConfig(
             name=names.score, backend="scorer", max_batch_size=0,
             inputs=[Tensor(QUERY, "TYPE_STRING", (-1,)), Tensor(DOCUMENTS, "TYPE_STRING", (-1,))],
-            outputs=[Tensor(SCORES, "TYPE_FP32", (-1,)), prompt_tokens],
+            outputs=[Tensor(SCORES, "TYPE_FP32", (-1,)), tensors.prompt_tokens],
             instance_count=2,  # scoring waits on the ensemble it calls; two let requests overlap
             parameters=ScorerParameters(mode=mode, model=names.ensemble, output=output.name,
                                         template=options.score_template).to_parameters(),
         ))
     return models
+
+
+def _tokenizer_config(name: str, options: ExportOptions, config: PoolerConfig, tensors: _Tensors,
+                      pad_token_id: int, queue: QueuePolicy) -> ModelConfig:
+    ragged = options.batching == "ragged"
+    parameters = TokenizerParameters(
+        max_length=config.max_length, pad_token_id=pad_token_id, outputs=tuple(tensors.token_outputs),
+        pad_to_buckets=None if ragged else (*(b for b in BUCKETS if b < config.max_length), config.max_length),
+        prompts=dict(config.prompts), default_prompt_name=config.default_prompt_name if config.prompts else None)
+    return ModelConfig(
+        name=name, backend="tokenizer", max_batch_size=MAX_BATCH_SIZE, inputs=tensors.text_inputs,
+        outputs=[*(Tensor(n, "TYPE_INT64", (-1,)) for n in tensors.token_outputs), tensors.prompt_tokens,
+                 Tensor(DETOKENIZED, "TYPE_STRING", (1,))],
+        # No queue delay (here and on the encoder): under load requests queue while the encoder runs
+        # anyway, and when idle a delay is pure latency on a single text (docs/performance.md).
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS, queue=queue),
+        parameters=parameters.to_parameters(),
+    )
+
+
+def _encoder_config(name: str, options: ExportOptions, config: PoolerConfig, tensors: _Tensors, pad_token_id: int,
+                    memory: tuple[int, int], queue: QueuePolicy) -> ModelConfig:
+    runtime = RUNTIMES[options.runtime]
+    ragged = options.batching == "ragged"
+    batching = ({"ragged_token_budget": options.ragged_token_budget or RAGGED_TOKEN_BUDGET[options.device],
+                 "memory_per_token": memory[0], "memory_per_attention_cell": memory[1],
+                 "memory_budget": options.memory_budget_mb << 20} if ragged else {})
+    parameters = EncoderParameters(pad_token_id=pad_token_id, max_length=config.max_length, **batching)
+    return ModelConfig(
+        name=name, backend=runtime.backend, default_model_filename=runtime.filename, max_batch_size=MAX_BATCH_SIZE,
+        inputs=[Tensor(n, "TYPE_INT64", (-1,), allow_ragged_batch=ragged) for n in tensors.encoder_inputs],
+        outputs=[tensors.pooled],
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS, queue=queue),
+        instance_kind="KIND_GPU" if options.device == CUDA else "KIND_CPU",
+        gpu_accelerators=[TENSORRT] if options.tensorrt else [],
+        # The native backends' own keys, so the config means the same on both servers.
+        parameters={**runtime.parameters(options.encoder_threads, options.precision), **parameters.to_parameters()},
+    )
+
+
+def _ensemble_config(names: Stages, options: ExportOptions, config: PoolerConfig, tensors: _Tensors) -> ModelConfig:
+    parameters = EnsembleParameters(
+        task=config.task.value, max_length=config.max_length, labels=tuple(config.labels) if config.labels else None,
+        matryoshka_dimensions=tuple(sorted(options.matryoshka_dimensions)) or None)
+    encoder_output = tensors.pooled.name
+    return ModelConfig(
+        name=names.ensemble, platform="ensemble", max_batch_size=MAX_BATCH_SIZE, inputs=tensors.text_inputs,
+        outputs=[*tensors.public_outputs, tensors.prompt_tokens], parameters=parameters.to_parameters(),
+        ensemble_steps=[
+            EnsembleStep(names.tokenizer, {TEXT: TEXT, TEXT_PAIR: TEXT_PAIR},
+                         {n: n for n in (*tensors.token_outputs, PROMPT_TOKENS)}),
+            EnsembleStep(names.encoder, {n: n for n in tensors.encoder_inputs}, {encoder_output: encoder_output}),
+            EnsembleStep(names.pooler, {n: n for n in (encoder_output, *tensors.pooler_extra)},
+                         {t.name: t.name for t in tensors.public_outputs}),
+        ],
+    )
 
 
 def _write_json(path: Path, data: dict) -> None:
