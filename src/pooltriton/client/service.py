@@ -11,9 +11,11 @@ what the caller asked wrongly before anything was sent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -23,11 +25,13 @@ from pooltriton.contract import (
     ATTENTION_MASK,
     DETOKENIZE,
     DETOKENIZED,
+    DOCUMENTS,
     INPUT_IDS,
     MAX_BATCH_SIZE,
     PLUGIN_INPUT,
     PLUGIN_OUTPUT,
     PROMPT_TOKENS,
+    QUERY,
     SCORES,
     TEXT,
     TOKENIZE,
@@ -36,6 +40,7 @@ from pooltriton.contract import (
     triton_priority,
 )
 from pooltriton.contract import requests as protocol
+from pooltriton.contract.admission import Admission
 from pooltriton.contract.config import read_parameters
 from pooltriton.contract.requests import RETRIES, ModelInfo, TritonRequest, model_info, retry_delay
 
@@ -53,6 +58,15 @@ class RequestError(ValueError):
 
 class ModelNotFound(LookupError):
     """No served model of that name or task (HTTP 404)."""
+
+
+class Overloaded(Exception):
+    """Refused before sending: the work already queued would keep this request past its deadline
+    (contract.admission). Retryable: `retry_after_s` is when enough of that work should have cleared."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True)
@@ -149,11 +163,36 @@ class PoolingService:
     one transport; `model` is the default model name."""
 
     def __init__(self, transport: Transport, model: str | None = "minilm", max_batch: int = MAX_BATCH_SIZE,
-                 admin_headers: dict[str, str] | None = None) -> None:
+                 admin_headers: dict[str, str] | None = None, deadline_s: float | None = None) -> None:
         self.transport, self.model, self.max_batch = transport, model, max_batch
         self.admin_headers = admin_headers  # the repository index is one of Triton's restricted APIs
         self._info: dict[str, ModelInfo] = {}
         self.models: dict[str, ServedModel] = {}
+        # Admission by work (contract.admission): with a deadline, a request whose estimated wait behind
+        # the work this service has in flight exceeds it is refused at once (Overloaded).
+        self.deadline_s = deadline_s
+        self._admission: dict[str, Admission] = {}
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, model: str, texts: Sequence[str]) -> AsyncIterator[list[int]]:
+        """Admit a request of `texts` to `model` by the work queued ahead of it; the caller appends the
+        tokens the answer says it cost, so the measured rate follows the server."""
+        if self.deadline_s is None:
+            yield []
+            return
+        admission = self._admission.setdefault(model, Admission(self.deadline_s))
+        characters = sum(len(text) for text in texts)
+        estimated = admission.estimate_tokens(characters, len(texts))
+        refusal = admission.admit(estimated, time.monotonic())
+        if refusal is not None:
+            raise Overloaded(f"overloaded: this request would wait ~{refusal.wait_s:.1f} s behind the work queued "
+                             f"for {model!r}, past its {self.deadline_s:g} s deadline; retry in "
+                             f"{refusal.retry_after_s} s", refusal.retry_after_s)
+        answered: list[int] = []
+        try:
+            yield answered
+        finally:
+            admission.done(estimated, sum(answered) or None, characters, time.monotonic())
 
     # ---- models ----------------------------------------------------------------------------------
     async def _config(self, name: str) -> dict:
@@ -227,7 +266,9 @@ class PoolingService:
                 triton_priority(priority), self.max_batch)
         except ValueError as error:
             raise RequestError(str(error), "input") from None
-        results = await asyncio.gather(*(self.transport.infer(r) for r in requests))
+        async with self._admitted(info.name, [*protocol.as_texts(texts), *(pairs or ())]) as answered:
+            results = await asyncio.gather(*(self.transport.infer(r) for r in requests))
+            answered.append(protocol.prompt_tokens(results))
         return Pooled(protocol.reassemble(info.outputs, results), protocol.prompt_tokens(results))
 
     async def score(self, query: str | Sequence[str], documents: str | Sequence[str], *, model: str | None = None,
@@ -244,7 +285,9 @@ class PoolingService:
             raise RequestError(str(error), "documents") from None
         request = TritonRequest(stages(name).score, inputs, (SCORES, PROMPT_TOKENS), protocol.parameters(options),
                                 False, triton_priority(priority))
-        result = await self.transport.infer(request)
+        async with self._admitted(request.model, [*inputs[QUERY], *inputs[DOCUMENTS]]) as answered:
+            result = await self.transport.infer(request)
+            answered.append(protocol.prompt_tokens([result]))
         return Pooled(result[SCORES], protocol.prompt_tokens([result]))
 
     async def rerank(self, query: str, documents: Sequence[str], *, model: str | None = None,

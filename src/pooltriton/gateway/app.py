@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from tritonclient.utils import InferenceServerException
 
 from pooltriton.client.service import PoolingService, Transport, TritonTransport
-from pooltriton.contract import ADMIN_KEY_ENV, admin_headers
+from pooltriton.contract import ADMIN_KEY_ENV, QUEUE_TIMEOUT_MS, admin_headers
 from pooltriton.gateway.body_limit import BodyLimit
 from pooltriton.gateway.disconnect import CancelOnDisconnect
 from pooltriton.gateway.guard import Guard
@@ -60,16 +60,20 @@ from pooltriton.gateway.serving import (
 )
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
+# What a request may wait behind the work already queued (the stages' default queue timeout).
+DEADLINE_S = QUEUE_TIMEOUT_MS / 1000
 
 
 def create_app(triton_url: str, api_key: str | None = None, client: Transport | None = None,
-               admin_key: str | None = None) -> FastAPI:
+               admin_key: str | None = None, deadline_s: float | None = DEADLINE_S) -> FastAPI:
     """`client`: the service's transport (a fake in the route tests); default: tritonclient's aio gRPC
     client to `triton_url`, made when the app starts. `admin_key`: Triton's, for its restricted
-    repository index (default: POOLTRITON_ADMIN_KEY)."""
+    repository index (default: POOLTRITON_ADMIN_KEY). `deadline_s`: a request whose estimated wait behind
+    the work in flight exceeds it is refused at once with 429 and Retry-After (None: no admission)."""
     admin_key = admin_key if admin_key is not None else os.environ.get(ADMIN_KEY_ENV)
     headers = admin_headers(admin_key, "grpc") if admin_key else None
-    serving = Serving(PoolingService(client, model=None, admin_headers=headers))  # type: ignore[arg-type]
+    serving = Serving(PoolingService(client, model=None, admin_headers=headers,  # type: ignore[arg-type]
+                                     deadline_s=deadline_s))
     service = serving.service
     observed = GatewayMetrics()
 
@@ -89,6 +93,7 @@ def create_app(triton_url: str, api_key: str | None = None, client: Transport | 
 
     app = FastAPI(title="pooltriton gateway", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-, Cohere- and vLLM-compatible pooling API in front of Triton")
+    app.state.pooling_service = service
     _middlewares(app, api_key, observed)
 
     @app.get("/health")
@@ -243,13 +248,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--api-key", default=os.environ.get("POOLTRITON_API_KEY"),
                         help="require 'Authorization: Bearer KEY' on every route but /health")
+    parser.add_argument("--deadline-s", type=float, default=DEADLINE_S,
+                        help="refuse at once (429, Retry-After) a request whose estimated wait behind the work in "
+                        f"flight exceeds this (default {DEADLINE_S:g}; 0: no admission by work)")
     parser.add_argument("--write-openapi", metavar="FILE", help="write the OpenAPI document and exit")
     args = parser.parse_args(argv)
     if args.write_openapi:
         document = create_app(args.triton).openapi()
         Path(args.write_openapi).write_text(json.dumps(document, indent=2) + "\n")
         return 0
-    uvicorn.run(create_app(args.triton, args.api_key), host=args.host, port=args.port, log_level="info")
+    uvicorn.run(create_app(args.triton, args.api_key, deadline_s=args.deadline_s or None), host=args.host,
+                port=args.port, log_level="info")
     return 0
 
 

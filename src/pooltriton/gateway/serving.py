@@ -11,7 +11,7 @@ import numpy as np
 from starlette.responses import Response
 from tritonclient.utils import InferenceServerException
 
-from pooltriton.client.service import ModelNotFound, PoolingService, RequestError, ServedModel
+from pooltriton.client.service import ModelNotFound, Overloaded, PoolingService, RequestError, ServedModel
 from pooltriton.contract import RETRY_AFTER_S
 from pooltriton.contract.requests import classify
 from pooltriton.gateway.protocol import APIError
@@ -49,6 +49,8 @@ class Serving:
             raise APIError(400, str(error), error.param) from None
         except ModelNotFound as error:
             raise APIError(404, str(error), "model") from None
+        except Overloaded as error:  # refused by admission before anything was sent
+            raise APIError(429, str(error), retry_after=error.retry_after_s) from None
         except InferenceServerException as error:
             failure = classify(error)
             if failure.retryable and await self.service.ready():

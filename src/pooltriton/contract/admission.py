@@ -1,0 +1,87 @@
+"""Admission by work, not by count (issue 19): a request that cannot start within its deadline, given
+the work already queued, is refused at once with the wait it would have had, instead of waiting out a
+queue timeout.
+
+Pure and clocked from outside (like the retry policy): `Admission` tracks the tokens this front has in
+flight and the tokens per second the server has been clearing, both measured from the answers (usage
+counts the tokens each request cost; a text's tokens are estimated from its characters by the ratio
+the answers showed). Triton's own queues count requests, so 64 requests of 32 long texts fill no queue
+of 128 though they hold ~45 s of work; this counts the work.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Measured rates forget with this time constant (seconds): the server's speed is the recent one.
+HORIZON_S = 30.0
+CHARS_PER_TOKEN = 4.0  # before any answer came back (English BPE/WordPiece text: ~4 characters a token)
+
+
+@dataclass
+class _Decayed:
+    """A sum that forgets with time constant HORIZON_S."""
+
+    value: float = 0.0
+    at: float = 0.0
+
+    def add(self, amount: float, now: float) -> None:
+        self.value = self.value * math.exp(-max(now - self.at, 0.0) / HORIZON_S) + amount
+        self.at = now
+
+
+@dataclass(frozen=True)
+class Refusal:
+    wait_s: float  # the estimated wait before this request could start
+    retry_after_s: int  # when enough queued work should have cleared for it to fit
+
+
+class Admission:
+    """One served model's queued work as seen from one front (the gateway, or one client)."""
+
+    def __init__(self, deadline_s: float) -> None:
+        self.deadline_s = deadline_s
+        self.queued_tokens = 0.0
+        self._in_flight = 0
+        self._busy_since: float | None = None
+        self._tokens = _Decayed()  # tokens answered
+        self._busy = _Decayed()  # seconds with work in flight
+        self._chars = _Decayed()  # characters of the answered texts
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self._tokens.value / self._busy.value if self._busy.value > 0 and self._tokens.value > 0 else None
+
+    def estimate_tokens(self, characters: int, texts: int) -> float:
+        """A request's tokens from its characters, by the ratio the answers showed (+2 specials a text)."""
+        ratio = self._chars.value / self._tokens.value if self._tokens.value > 0 else CHARS_PER_TOKEN
+        return characters / max(ratio, 1e-6) + 2 * texts
+
+    def admit(self, tokens: float, now: float) -> Refusal | None:
+        """None: admitted (call `done` when it is answered); else why not, and when to retry."""
+        rate = self.tokens_per_s
+        if rate is not None and self._in_flight > 0:
+            wait = self.queued_tokens / rate
+            if wait + tokens / rate > self.deadline_s:
+                over = wait + tokens / rate - self.deadline_s
+                return Refusal(wait, max(1, math.ceil(over)))
+        self._account(now)
+        self._in_flight += 1
+        self.queued_tokens += tokens
+        return None
+
+    def done(self, estimated: float, tokens: int | None, characters: int, now: float) -> None:
+        """An admitted request answered (`tokens`: what usage says it cost) or failed (None)."""
+        self._account(now)
+        self._in_flight -= 1
+        self.queued_tokens = max(self.queued_tokens - estimated, 0.0)
+        if tokens:
+            self._tokens.add(tokens, now)
+            self._chars.add(characters, now)
+
+    def _account(self, now: float) -> None:
+        """Busy time: the seconds during which this front had work in flight."""
+        if self._busy_since is not None and self._in_flight > 0:
+            self._busy.add(now - self._busy_since, now)
+        self._busy_since = now

@@ -1,0 +1,81 @@
+"""Admission by work (issue 19): the pure policy on a clock the test drives, and the gateway's 429 with
+Retry-After when a request cannot start within its deadline (a fake transport, no server)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from test_gateway_routes import FakeClient
+
+from pooltriton.contract.admission import Admission
+from pooltriton.gateway import create_app
+
+
+def measured(deadline_s: float) -> Admission:
+    """An admission that has seen 1,000 tokens answered over one busy second: 1,000 tokens/s."""
+    admission = Admission(deadline_s)
+    for i in range(10):
+        assert admission.admit(100, now=i * 0.1) is None
+        admission.done(100, 100, 400, now=(i + 1) * 0.1)
+    assert admission.tokens_per_s == pytest.approx(1000, rel=0.01)
+    return admission
+
+
+def test_admission_refuses_when_the_estimated_wait_exceeds_the_deadline() -> None:
+    admission = measured(deadline_s=2.0)
+    for _ in range(15):  # 1,500 tokens in flight: 1.5 s of work
+        assert admission.admit(100, now=1.0) is None
+    refusal = admission.admit(600, now=1.0)  # would finish at 2.1 s
+    assert refusal is not None and refusal.wait_s == pytest.approx(1.5, rel=0.01) and refusal.retry_after_s == 1
+    assert admission.admit(400, now=1.0) is None  # 1.9 s: within the deadline
+    # The refused request holds nothing; the queue drains as answers come back and it fits again.
+    assert admission.queued_tokens == pytest.approx(1900)
+    for _ in range(10):
+        admission.done(100, 100, 400, now=1.5)
+    assert admission.admit(600, now=1.5) is None
+
+
+def test_admission_admits_anything_before_it_has_measured_and_when_nothing_is_queued() -> None:
+    fresh = Admission(deadline_s=0.001)
+    assert fresh.admit(10**6, now=0.0) is None  # no rate yet: nothing to estimate with
+    idle = measured(deadline_s=0.5)
+    assert idle.admit(10**6, now=2.0) is None  # alone, however long: it waits for nothing
+
+
+def test_tokens_are_estimated_by_the_characters_the_answers_showed() -> None:
+    assert Admission(1.0).estimate_tokens(400, 1) == pytest.approx(102)  # 4 characters a token before answers
+    admission = measured(deadline_s=1.0)  # answers showed 4,000 characters for 1,000 tokens
+    assert admission.estimate_tokens(800, 2) == pytest.approx(204)
+
+
+def test_the_gateway_refuses_at_once_with_429_and_retry_after_from_the_estimate() -> None:
+    fake = FakeClient()
+    with TestClient(create_app("unused:0", client=fake, deadline_s=1.0)) as http:
+        for _ in range(5):  # answered requests: the rate this front measures
+            assert http.post("/v1/embeddings", json={"model": "emb", "input": ["one two three"]}).status_code == 200
+        admission = http.app.state.pooling_service._admission["emb"]
+        rate = admission.tokens_per_s
+        assert rate is not None
+        # Work worth twice the deadline in flight from this front (as if other requests held it):
+        held = 2 * rate
+        assert admission.admit(held, now=time.monotonic()) is None
+        sent = len(fake.requests)
+        answer = http.post("/v1/embeddings", json={"model": "emb", "input": ["one more text"]})
+        assert answer.status_code == 429 and answer.json()["error"]["type"] == "rate_limit_error"
+        assert int(answer.headers["Retry-After"]) == 2  # ~2 s of wait against a 1 s deadline: 1 s over, rounded up
+        assert "deadline" in answer.json()["error"]["message"]
+        assert len(fake.requests) == sent  # refused before anything was sent
+        admission.done(held, None, 0, now=time.monotonic())
+        assert http.post("/v1/embeddings", json={"model": "emb", "input": ["one more text"]}).status_code == 200
+
+
+def test_usage_moves_the_rate() -> None:
+    admission = measured(2.0)
+    before = admission.tokens_per_s
+    assert admission.admit(100, now=1.2) is None
+    admission.done(100, 1000, 4000, now=1.3)  # an answer of 1,000 tokens in 0.1 s
+    assert admission.tokens_per_s > before
+    assert np.isfinite(admission.tokens_per_s)
