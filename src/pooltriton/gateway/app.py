@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from tritonclient.utils import InferenceServerException
@@ -64,6 +64,149 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 DEADLINE_S = QUEUE_TIMEOUT_MS / 1000
 
 
+# ---- the routes: each a thin adapter of the pooling service (app.state.serving) --------------------
+router = APIRouter()
+
+
+def _serving(request: Request) -> tuple[Serving, PoolingService]:
+    serving: Serving = request.app.state.serving
+    return serving, serving.service
+
+
+@router.get("/health")
+async def health(request: Request):
+    if not await request.app.state.serving.service.ready():
+        return JSONResponse(error_body(503, "Triton is not ready", "service_unavailable"), status_code=503)
+    return {"status": "ok"}
+
+
+@router.get("/v1/models")
+async def list_models(request: Request):
+    serving, service = _serving(request)
+    await serving.model(None) if not service.models else None
+    return {"object": "list", "data": [
+        {"id": m.name, "object": "model", "created": 0, "owned_by": "pooltriton", "task": m.task,
+         "max_model_len": m.max_length, "scoring": m.scorer is not None} for m in service.models.values()]}
+
+
+@router.post("/v1/embeddings")
+async def embeddings(body: EmbeddingRequest, request: Request):
+    serving, service = _serving(request)
+    model = await serving.model(body.model, "embed")
+    parameters = body.parameters()
+    token_rows = as_token_ids(body.input)
+    if token_rows is not None:
+        texts = [json.dumps(row) for row in token_rows]
+        parameters["input_format"] = "token_ids"
+    else:
+        texts = as_texts(body.input)
+    if model.per_token:
+        raise APIError(400, f"model {model.name!r} is {model.task}: use /pooling for token outputs", "model")
+    pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **parameters))
+    vectors = matryoshka(model, pooled.values, body.dimensions, "dimensions")
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    data = [{"object": "embedding", "index": i,
+             "embedding": base64_vector(v) if body.encoding_format == "base64" else v}
+            for i, v in enumerate(vectors)]
+    return JSON({"object": "list", "data": data, "model": model.name, "usage": usage(pooled.tokens)})
+
+
+@router.post("/v2/embed")
+async def cohere_embed(body: CohereEmbedRequest, request: Request):
+    serving, service = _serving(request)
+    model = await serving.model(body.model, "embed")
+    parameters = {} if body.truncate == "NONE" else {"truncate": body.truncate}
+    pooled = await serving(service.encode(body.texts, model=model.name, **parameters))
+    vectors = matryoshka(model, pooled.values, body.output_dimension, "output_dimension")
+    embeddings = {kind: cohere_encode(vectors, kind) for kind in dict.fromkeys(body.embedding_types)}
+    return JSON({"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": body.texts,
+                 "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": pooled.tokens}},
+                 "response_type": "embeddings_by_type"})
+
+
+@router.post("/classify")
+async def classify(body: ClassifyRequest, request: Request):
+    serving, service = _serving(request)
+    model = await serving.model(body.model, "classify")
+    if model.task != "classify":
+        raise APIError(400, f"model {model.name!r} is {model.task}, not classify", "model")
+    pooled = await serving(service.encode(as_texts(body.input), model=model.name, priority=body.priority,
+                                          **body.parameters()))
+    data = [{"index": i, "label": model.labels[int(p.argmax())] if model.labels else int(p.argmax()),
+             "probs": p.tolist(), "num_classes": len(p)} for i, p in enumerate(pooled.values)]
+    return JSON({"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                 "model": model.name, "data": data, "usage": usage(pooled.tokens)})
+
+
+async def score_route(body: ScoreRequest, request: Request):
+    serving, service = _serving(request)
+    model = await serving.model(body.model)
+    queries, documents = as_texts(body.text_1, "text_1"), as_texts(body.text_2, "text_2")
+    pooled = await serving(service.score(queries, documents, model=model.name, priority=body.priority,
+                                         **body.parameters()))
+    return {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+            "model": model.name, "data": [{"index": i, "object": "score", "score": float(s)}
+                                          for i, s in enumerate(pooled.values)],
+            "usage": usage(pooled.tokens)}
+
+
+async def rerank_route(body: RerankRequest, request: Request):
+    serving, service = _serving(request)
+    model = await serving.model(body.model)
+    ranked = await serving(service.rerank(body.query, body.documents, model=model.name, top_n=body.top_n,
+                                          priority=body.priority, **body.parameters()))
+    results = []
+    for result in ranked.values:
+        item: dict[str, Any] = {"index": result.index, "relevance_score": result.score}
+        if body.return_documents:
+            item["document"] = {"text": result.document}
+        results.append(item)
+    return {"id": f"rerank-{uuid.uuid4().hex}", "model": model.name, "results": results,
+            "usage": usage(ranked.tokens)}
+
+
+for path in ("/score", "/v1/score"):
+    router.post(path)(score_route)
+for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+    router.post(path)(rerank_route)
+
+
+@router.post("/pooling")
+async def pooling(body: PoolingRequest, request: Request):
+    serving, service = _serving(request)
+    model = await serving.model(body.model)
+    pooled = await serving(service.encode(as_texts(body.input), model=model.name, priority=body.priority,
+                                          **body.parameters()))
+    return JSON({"id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                 "model": model.name, "data": [{"index": i, "object": "pooling", "data": np.asarray(v).tolist()}
+                                               for i, v in enumerate(pooled.values)],
+                 "usage": usage(pooled.tokens)})
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request):
+    """The model's own tokenizer stage, untruncated (vLLM's /tokenize)."""
+    serving, service = _serving(request)
+    model = await serving.model(body.model)
+    ids = (await serving(service.tokenize(body.prompt, model=model.name,
+                                          add_special_tokens=body.add_special_tokens)))[0]
+    return {"tokens": ids, "count": len(ids), "max_model_len": model.max_length}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request):
+    serving, service = _serving(request)
+    model = await serving.model(body.model)
+    prompt = await serving(service.detokenize(body.tokens, model=model.name,
+                                              skip_special_tokens=body.skip_special_tokens))
+    return {"prompt": prompt}
+
+
+@router.get("/metrics", response_class=PlainTextResponse)
+async def metrics(request: Request):
+    return Response(request.app.state.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+
 def create_app(triton_url: str, api_key: str | None = None, client: Transport | None = None,
                admin_key: str | None = None, deadline_s: float | None = DEADLINE_S) -> FastAPI:
     """`client`: the service's transport (a fake in the route tests); default: tritonclient's aio gRPC
@@ -93,122 +236,10 @@ def create_app(triton_url: str, api_key: str | None = None, client: Transport | 
 
     app = FastAPI(title="pooltriton gateway", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-, Cohere- and vLLM-compatible pooling API in front of Triton")
-    app.state.pooling_service = service
+    app.state.serving, app.state.pooling_service, app.state.metrics = serving, service, observed
     _middlewares(app, api_key, observed)
 
-    @app.get("/health")
-    async def health():
-        if not await service.ready():
-            return JSONResponse(error_body(503, "Triton is not ready", "service_unavailable"), status_code=503)
-        return {"status": "ok"}
-
-    @app.get("/v1/models")
-    async def list_models():
-        await serving.model(None) if not service.models else None
-        return {"object": "list", "data": [
-            {"id": m.name, "object": "model", "created": 0, "owned_by": "pooltriton", "task": m.task,
-             "max_model_len": m.max_length, "scoring": m.scorer is not None} for m in service.models.values()]}
-
-    @app.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingRequest):
-        model = await serving.model(body.model, "embed")
-        parameters = body.parameters()
-        token_rows = as_token_ids(body.input)
-        if token_rows is not None:
-            texts = [json.dumps(row) for row in token_rows]
-            parameters["input_format"] = "token_ids"
-        else:
-            texts = as_texts(body.input)
-        if model.per_token:
-            raise APIError(400, f"model {model.name!r} is {model.task}: use /pooling for token outputs", "model")
-        pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **parameters))
-        vectors = matryoshka(model, pooled.values, body.dimensions, "dimensions")
-        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        data = [{"object": "embedding", "index": i,
-                 "embedding": base64_vector(v) if body.encoding_format == "base64" else v}
-                for i, v in enumerate(vectors)]
-        return JSON({"object": "list", "data": data, "model": model.name, "usage": usage(pooled.tokens)})
-
-    @app.post("/v2/embed")
-    async def cohere_embed(body: CohereEmbedRequest):
-        model = await serving.model(body.model, "embed")
-        parameters = {} if body.truncate == "NONE" else {"truncate": body.truncate}
-        pooled = await serving(service.encode(body.texts, model=model.name, **parameters))
-        vectors = matryoshka(model, pooled.values, body.output_dimension, "output_dimension")
-        embeddings = {kind: cohere_encode(vectors, kind) for kind in dict.fromkeys(body.embedding_types)}
-        return JSON({"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": body.texts,
-                     "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": pooled.tokens}},
-                     "response_type": "embeddings_by_type"})
-
-    @app.post("/classify")
-    async def classify(body: ClassifyRequest):
-        model = await serving.model(body.model, "classify")
-        if model.task != "classify":
-            raise APIError(400, f"model {model.name!r} is {model.task}, not classify", "model")
-        pooled = await serving(service.encode(as_texts(body.input), model=model.name, priority=body.priority,
-                                              **body.parameters()))
-        data = [{"index": i, "label": model.labels[int(p.argmax())] if model.labels else int(p.argmax()),
-                 "probs": p.tolist(), "num_classes": len(p)} for i, p in enumerate(pooled.values)]
-        return JSON({"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-                     "model": model.name, "data": data, "usage": usage(pooled.tokens)})
-
-    async def score_route(body: ScoreRequest):
-        model = await serving.model(body.model)
-        queries, documents = as_texts(body.text_1, "text_1"), as_texts(body.text_2, "text_2")
-        pooled = await serving(service.score(queries, documents, model=model.name, priority=body.priority,
-                                             **body.parameters()))
-        return {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-                "model": model.name, "data": [{"index": i, "object": "score", "score": float(s)}
-                                              for i, s in enumerate(pooled.values)],
-                "usage": usage(pooled.tokens)}
-
-    async def rerank_route(body: RerankRequest):
-        model = await serving.model(body.model)
-        ranked = await serving(service.rerank(body.query, body.documents, model=model.name, top_n=body.top_n,
-                                              priority=body.priority, **body.parameters()))
-        results = []
-        for result in ranked.values:
-            item: dict[str, Any] = {"index": result.index, "relevance_score": result.score}
-            if body.return_documents:
-                item["document"] = {"text": result.document}
-            results.append(item)
-        return {"id": f"rerank-{uuid.uuid4().hex}", "model": model.name, "results": results,
-                "usage": usage(ranked.tokens)}
-
-    for path in ("/score", "/v1/score"):
-        app.post(path)(score_route)
-    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
-        app.post(path)(rerank_route)
-
-    @app.post("/pooling")
-    async def pooling(body: PoolingRequest):
-        model = await serving.model(body.model)
-        pooled = await serving(service.encode(as_texts(body.input), model=model.name, priority=body.priority,
-                                              **body.parameters()))
-        return JSON({"id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-                     "model": model.name, "data": [{"index": i, "object": "pooling", "data": np.asarray(v).tolist()}
-                                                   for i, v in enumerate(pooled.values)],
-                     "usage": usage(pooled.tokens)})
-
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest):
-        """The model's own tokenizer stage, untruncated (vLLM's /tokenize)."""
-        model = await serving.model(body.model)
-        ids = (await serving(service.tokenize(body.prompt, model=model.name,
-                                              add_special_tokens=body.add_special_tokens)))[0]
-        return {"tokens": ids, "count": len(ids), "max_model_len": model.max_length}
-
-    @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest):
-        model = await serving.model(body.model)
-        prompt = await serving(service.detokenize(body.tokens, model=model.name,
-                                                  skip_special_tokens=body.skip_special_tokens))
-        return {"prompt": prompt}
-
-    @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics():
-        return Response(observed.render(), media_type=METRICS_CONTENT_TYPE)
-
+    app.include_router(router)
     return app
 
 

@@ -7,6 +7,8 @@ under one label, so the number of series is bounded by the app's routes and stat
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -32,8 +34,18 @@ def route_label(scope: dict) -> str:
     are matched here against the app's routes; anything else is UNMATCHED."""
     route = scope.get("route")
     if route is None and scope.get("app") is not None:
-        route = next((r for r in scope["app"].router.routes if r.matches(scope)[0] is Match.FULL), None)
+        route = next((r for r in _routes(scope["app"].router.routes) if r.matches(scope)[0] is Match.FULL), None)
     return getattr(route, "path", None) or UNMATCHED
+
+
+def _routes(routes: list) -> Iterator:
+    """Every route, those of included routers too (FastAPI keeps an included router as one entry)."""
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            yield from _routes(included.routes)
+        else:
+            yield route
 
 
 class GatewayMetrics:
