@@ -26,16 +26,16 @@ def measured(deadline_s: float) -> Admission:
 
 def test_admission_refuses_when_the_estimated_wait_exceeds_the_deadline() -> None:
     admission = measured(deadline_s=2.0)
-    for _ in range(15):  # 1,500 tokens in flight: 1.5 s of work
+    for _ in range(19):  # 1,900 tokens in flight: it could start after 1.9 s
         assert admission.admit(100, now=1.0) is None
-    refusal = admission.admit(600, now=1.0)  # would finish at 2.1 s
-    assert refusal is not None and refusal.wait_s == pytest.approx(1.5, rel=0.01) and refusal.retry_after_s == 1
-    assert admission.admit(400, now=1.0) is None  # 1.9 s: within the deadline
+    assert admission.admit(5000, now=1.0) is None  # starts within the deadline, however long itself
+    refusal = admission.admit(10, now=1.0)  # now 6,900 tokens ahead: 6.9 s
+    assert refusal is not None and refusal.wait_s == pytest.approx(6.9, rel=0.01)
+    assert refusal.retry_after_s == 5  # 4.9 s over the deadline, rounded up
     # The refused request holds nothing; the queue drains as answers come back and it fits again.
-    assert admission.queued_tokens == pytest.approx(1900)
-    for _ in range(10):
-        admission.done(100, 100, 400, now=1.5)
-    assert admission.admit(600, now=1.5) is None
+    assert admission.queued_tokens == pytest.approx(6900)
+    admission.done(5000, 5000, 20000, now=6.0)
+    assert admission.admit(10, now=6.0) is None
 
 
 def test_admission_admits_anything_before_it_has_measured_and_when_nothing_is_queued() -> None:
@@ -59,13 +59,13 @@ def test_the_gateway_refuses_at_once_with_429_and_retry_after_from_the_estimate(
         admission = http.app.state.pooling_service._admission["emb"]
         rate = admission.tokens_per_s
         assert rate is not None
-        # Work worth twice the deadline in flight from this front (as if other requests held it):
-        held = 2 * rate
+        # Work worth 2.5 deadlines in flight from this front (as if other requests held it):
+        held = 2.5 * rate
         assert admission.admit(held, now=time.monotonic()) is None
         sent = len(fake.requests)
         answer = http.post("/v1/embeddings", json={"model": "emb", "input": ["one more text"]})
         assert answer.status_code == 429 and answer.json()["error"]["type"] == "rate_limit_error"
-        assert int(answer.headers["Retry-After"]) == 2  # ~2 s of wait against a 1 s deadline: 1 s over, rounded up
+        assert int(answer.headers["Retry-After"]) == 2  # 2.5 s of wait against a 1 s deadline: 1.5 s over
         assert "deadline" in answer.json()["error"]["message"]
         assert len(fake.requests) == sent  # refused before anything was sent
         admission.done(held, None, 0, now=time.monotonic())

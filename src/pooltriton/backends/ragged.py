@@ -57,10 +57,11 @@ def machine_memory() -> int:
     return min(total, int(limit)) if limit.isdigit() else total
 
 
-def memory_budget(configured: int, sharers: int) -> int:
-    """Bytes one chunk may hold: as configured, or (0) half this machine's memory shared by the chunks
-    that may run at once (encoder instances x concurrent streams)."""
-    return configured // sharers if configured else machine_memory() // 2 // sharers
+def memory_budget(configured: int, sharers: int, available: int | None = None) -> int:
+    """Bytes one chunk may hold: as configured, or (0) half the memory the encoder runs in (`available`:
+    this machine's by default, a GPU's for GPU instances), shared by the chunks that may run at once
+    (encoder instances x concurrent streams). Per encoder: each model on a server counts its own."""
+    return configured // sharers if configured else (available or machine_memory()) // 2 // sharers
 
 
 @dataclass

@@ -52,8 +52,13 @@ class EncoderShim:
         self.memory = None
         if parameters.memory_per_token is not None and parameters.memory_per_attention_cell is not None:
             instances = sum(group.get("count", 1) for group in model.config.get("instance_group", [])) or 1
-            budget = memory_budget(parameters.memory_budget, instances * self.concurrent_chunks)
+            budget = memory_budget(parameters.memory_budget, instances * self.concurrent_chunks,
+                                   self.device_memory())
             self.memory = MemoryModel(parameters.memory_per_token, parameters.memory_per_attention_cell, budget)
+
+    def device_memory(self) -> int | None:
+        """Bytes of the memory the encoder runs in, where it is not this machine's (a GPU)."""
+        return None
 
     def _run_chunks(self, chunks: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         return [dict(zip(self.output_names, outputs)) for outputs in self.run_chunks(chunks)]

@@ -128,14 +128,21 @@ class TritonTransport:
 
     def _connection_error(self, error: Exception) -> ConnectionError | None:
         """aiohttp's refused or dropped connections (the HTTP client's) as the ConnectionError they are:
-        the server is not there, which the retry policy treats as UNAVAILABLE."""
+        the server is not there, which the retry policy treats as UNAVAILABLE. A timeout is not one: the
+        server may still be computing, and a resend would double its work."""
         if self.protocol != "http" or isinstance(error, ConnectionError):
             return None
         import aiohttp
 
-        if isinstance(error, (aiohttp.ClientConnectionError, OSError)):
+        if isinstance(error, (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError)):
             return ConnectionError(f"{type(error).__name__}: {error}")
         return None
+
+    async def repository_index(self, headers: dict[str, str] | None) -> list[dict]:
+        if self.protocol == "grpc":
+            index = await self.retry(lambda: self.server.get_model_repository_index(headers=headers, as_json=True))
+            return index.get("models", [])
+        return await self.retry(lambda: self.server.get_model_repository_index(headers=headers))
 
     async def infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
         tensors = []
@@ -185,8 +192,8 @@ class PoolingService:
         estimated = admission.estimate_tokens(characters, len(texts))
         refusal = admission.admit(estimated, time.monotonic())
         if refusal is not None:
-            raise Overloaded(f"overloaded: this request would wait ~{refusal.wait_s:.1f} s behind the work queued "
-                             f"for {model!r}, past its {self.deadline_s:g} s deadline; retry in "
+            raise Overloaded(f"overloaded: this request could start only in ~{refusal.wait_s:.1f} s, behind the "
+                             f"work queued for {model!r}, past its {self.deadline_s:g} s deadline; retry in "
                              f"{refusal.retry_after_s} s", refusal.retry_after_s)
         answered: list[int] = []
         try:
@@ -212,8 +219,13 @@ class PoolingService:
 
     async def refresh(self) -> dict[str, ServedModel]:
         """Every served pooling model (an ensemble whose config names its task), from the repository index."""
-        index = await self.transport.server.get_model_repository_index(headers=self.admin_headers, as_json=True)
-        names = {m["name"] for m in index.get("models", []) if m.get("state", "READY") == "READY"}
+        listing = getattr(self.transport, "repository_index", None)
+        if listing is not None:
+            entries = await listing(self.admin_headers)
+        else:  # a transport with only tritonclient's gRPC-shaped calls (the route tests' fake)
+            index = await self.transport.server.get_model_repository_index(headers=self.admin_headers, as_json=True)
+            entries = index.get("models", [])
+        names = {m["name"] for m in entries if m.get("state", "READY") == "READY"}
         models = {}
         for name in sorted(names):
             config = await self._config(name)
@@ -282,7 +294,7 @@ class PoolingService:
         try:
             inputs = protocol.score_inputs(query, documents)
         except ValueError as error:
-            raise RequestError(str(error), "documents") from None
+            raise RequestError(str(error), str(error).split()[0]) from None  # "query" or "documents"
         request = TritonRequest(stages(name).score, inputs, (SCORES, PROMPT_TOKENS), protocol.parameters(options),
                                 False, triton_priority(priority))
         async with self._admitted(request.model, [*inputs[QUERY], *inputs[DOCUMENTS]]) as answered:

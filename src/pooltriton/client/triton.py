@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -136,6 +137,14 @@ class AsyncPoolingClient:
         return await self.service.plugin(model, inputs, **parameters)
 
 
+def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    if loop.is_closed():
+        return
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+    loop.close()
+
+
 class PoolingClient:
     """Blocking client: the asyncio client's methods, run on a private event loop thread."""
 
@@ -151,16 +160,16 @@ class PoolingClient:
         try:
             self._async = self._run(make())
         except BaseException:
-            self._stop()
+            _stop_loop(self._loop, self._thread)
             raise
+        # A client never closed still ends its thread and loop when it is collected.
+        self._finalizer = weakref.finalize(self, _stop_loop, self._loop, self._thread)
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if self._loop.is_closed():
+            coroutine.close()
+            raise RuntimeError("this PoolingClient is closed")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
-
-    def _stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
 
     def close(self) -> None:
         if self._loop.is_closed():
@@ -168,7 +177,7 @@ class PoolingClient:
         try:
             self._run(self._async.close())
         finally:
-            self._stop()
+            self._finalizer()
 
     def __enter__(self) -> PoolingClient:
         return self

@@ -27,8 +27,11 @@ class _Decayed:
     at: float = 0.0
 
     def add(self, amount: float, now: float) -> None:
-        self.value = self.value * math.exp(-max(now - self.at, 0.0) / HORIZON_S) + amount
+        self.value = self.at_time(now) + amount
         self.at = now
+
+    def at_time(self, now: float) -> float:
+        return self.value * math.exp(-max(now - self.at, 0.0) / HORIZON_S)
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,10 @@ class Admission:
 
     @property
     def tokens_per_s(self) -> float | None:
-        return self._tokens.value / self._busy.value if self._busy.value > 0 and self._tokens.value > 0 else None
+        """Tokens answered per busy second, both sums decayed to the same moment."""
+        now = max(self._tokens.at, self._busy.at)
+        tokens, busy = self._tokens.at_time(now), self._busy.at_time(now)
+        return tokens / busy if busy > 0 and tokens > 0 else None
 
     def estimate_tokens(self, characters: int, texts: int) -> float:
         """A request's tokens from its characters, by the ratio the answers showed (+2 specials a text)."""
@@ -59,13 +65,14 @@ class Admission:
         return characters / max(ratio, 1e-6) + 2 * texts
 
     def admit(self, tokens: float, now: float) -> Refusal | None:
-        """None: admitted (call `done` when it is answered); else why not, and when to retry."""
+        """None: admitted (call `done` when it is answered); else why not, and when to retry: a request
+        that could not start within the deadline behind the queued work (its own size does not count,
+        so a long request is not starved by steady load)."""
         rate = self.tokens_per_s
         if rate is not None and self._in_flight > 0:
             wait = self.queued_tokens / rate
-            if wait + tokens / rate > self.deadline_s:
-                over = wait + tokens / rate - self.deadline_s
-                return Refusal(wait, max(1, math.ceil(over)))
+            if wait > self.deadline_s:
+                return Refusal(wait, max(1, math.ceil(wait - self.deadline_s)))
         self._account(now)
         self._in_flight += 1
         self.queued_tokens += tokens

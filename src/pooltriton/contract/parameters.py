@@ -112,7 +112,7 @@ class EnsembleParameters(StageParameters):
     """What clients read from a served model's config (contract.requests.model_info)."""
 
     task: str
-    max_length: int
+    max_length: int | None = None
     labels: tuple[str, ...] | None = None
     matryoshka_dimensions: tuple[int, ...] | None = None
 

@@ -284,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"flight exceeds this (default {DEADLINE_S:g}; 0: no admission by work)")
     parser.add_argument("--write-openapi", metavar="FILE", help="write the OpenAPI document and exit")
     args = parser.parse_args(argv)
+    if args.deadline_s < 0:
+        parser.error("--deadline-s must be 0 (no admission by work) or positive")
     if args.write_openapi:
         document = create_app(args.triton).openapi()
         Path(args.write_openapi).write_text(json.dumps(document, indent=2) + "\n")

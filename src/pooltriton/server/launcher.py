@@ -8,6 +8,7 @@ prefix is cleaned up when the server stops.
 from __future__ import annotations
 
 import glob
+import http.client
 import logging
 import os
 import secrets
@@ -28,7 +29,8 @@ from pooltriton.server.supervisor import CANARY_DEADLINE_S, CANARY_INTERVAL_S, S
 
 log = logging.getLogger(__name__)
 # A server that is not (or no longer) there: refused or reset connections, or Triton's own error.
-ADMIN_ERRORS = (OSError, InferenceServerException)
+# (geventhttpclient's closed connection is an http.client.HTTPException, not an OSError.)
+ADMIN_ERRORS = (OSError, http.client.HTTPException, InferenceServerException)
 
 # Accepted requests get this long to finish when the server stops (Kubernetes' default grace period
 # is 30 s; Triton's own exit timeout follows).

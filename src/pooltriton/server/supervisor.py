@@ -10,15 +10,18 @@ probe on `/v2/health/ready`), and it is back with fresh stubs within seconds (~3
 
 A wedged stage (stub alive, never answering) is found by a canary: every `canary_interval_s` each
 ensemble gets a one-text inference at the highest priority (it overtakes queued work, so it waits for
-at most the batch each stage is executing) with a deadline. When Triton answers that a stub "is not
-healthy" (it pings stubs and gives up on one silent for a second) that stub is killed; when the
-deadline passes, the stubs of all the ensemble's stages are; the watch above then reloads them.
-Overload (UNAVAILABLE) and models being reloaded are not wedges.
+at most the batch each stage is executing) with a deadline, and the decision is made by its status code
+and the stubs' process states, never by message text. INTERNAL (Triton's answer for a stub that stopped
+answering its health pings, among others): the ensemble's stubs the kernel shows cannot run (stopped,
+zombie, gone) are killed; with none such, only INTERNAL_STRIKES such canaries in a row count as a
+wedge (one stage's transient error is not). DEADLINE_EXCEEDED: the stubs of all the ensemble's stages
+are killed. The watch above then reloads them. Overload (UNAVAILABLE) and reloads are not wedges.
 """
 
 from __future__ import annotations
 
 import functools
+import http.client
 import logging
 import os
 import signal
@@ -40,7 +43,8 @@ CANARY_INTERVAL_S, CANARY_DEADLINE_S = 10.0, 30.0
 CANARY_PRIORITY = 1  # Triton's highest level (contract.PRIORITY_LEVELS)
 # Status codes of a failed canary that mean a stage is wedged (Triton answers INTERNAL for a stub that
 # stopped answering its health pings); anything else (overload, a reload under way) is not.
-_WEDGED = (str(grpc.StatusCode.INTERNAL), str(grpc.StatusCode.DEADLINE_EXCEEDED))
+INTERNAL, DEADLINE_EXCEEDED = str(grpc.StatusCode.INTERNAL), str(grpc.StatusCode.DEADLINE_EXCEEDED)
+INTERNAL_STRIKES = 3
 # Process states of a stub that cannot answer: stopped, traced, zombie, dead (/proc/<pid>/stat).
 _STUCK_STATES = frozenset("TtZXx")
 
@@ -71,6 +75,7 @@ class Supervisor:
         self.expected: dict[str, int] = {}  # instance name -> pid
         self.healed: list[tuple[str, float]] = []  # (model, seconds to recover)
         self.wedged: list[str] = []  # ensembles whose canary missed its deadline
+        self.strikes: dict[str, int] = {}  # ensemble -> INTERNAL canaries in a row with no stuck stub
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -107,7 +112,7 @@ class Supervisor:
         while not self._stop.wait(self.interval_s):
             try:
                 self.check()
-            except (OSError, InferenceServerException) as error:  # stopping or unreachable: try next tick
+            except (OSError, http.client.HTTPException, InferenceServerException) as error:  # stopping: next tick
                 log.warning("supervisor: %s", error)
 
     def check(self) -> list[str]:
@@ -142,9 +147,9 @@ class Supervisor:
 
     def canary(self, model: str) -> dict[str, int]:
         """Nothing when a one-text inference of `model` answered (or was refused for overload or a reload);
-        else (INTERNAL or past its deadline) the stubs to restart, as they were when the canary was sent (a
-        stub the watch has replaced since is not touched): those of the ensemble's stages that the
-        kernel shows cannot run (stopped or zombie), or every stage's when none is."""
+        else the stubs to restart, as they were when the canary was sent (a stub the watch has replaced
+        since is not touched): on INTERNAL those of the ensemble's stages the kernel shows cannot run, or
+        after INTERNAL_STRIKES such canaries with none, every stage's; past the deadline every stage's."""
         import tritonclient.grpc as grpcclient
 
         sent_to = self.stubs()
@@ -153,14 +158,24 @@ class Supervisor:
         with grpcclient.InferenceServerClient(self.server.grpc_url) as client:
             try:
                 client.infer(model, inputs, priority=CANARY_PRIORITY, client_timeout=self.canary_deadline_s)
+                self.strikes.pop(model, None)
                 return {}
             except InferenceServerException as error:
-                if error.status() not in _WEDGED:
-                    return {}
+                status = error.status()
+        if status not in (INTERNAL, DEADLINE_EXCEEDED):
+            self.strikes.pop(model, None)
+            return {}
         steps = self.ensembles.get(model, [])
         stages = {i: pid for i, pid in sent_to.items() if instance_model(i) in steps}
         stuck = {i: pid for i, pid in stages.items() if process_state(pid) in _STUCK_STATES}
-        return stuck or stages
+        if stuck or status == DEADLINE_EXCEEDED:
+            self.strikes.pop(model, None)
+            return stuck or stages
+        self.strikes[model] = self.strikes.get(model, 0) + 1
+        if self.strikes[model] < INTERNAL_STRIKES:
+            return {}
+        self.strikes.pop(model, None)
+        return stages
 
     def check_canaries(self, only: set[str] | None = None) -> list[str]:
         """Kill the stubs a failed canary points at (the watch above then reloads their models); returns

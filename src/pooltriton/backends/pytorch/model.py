@@ -33,6 +33,9 @@ class TritonPythonModel(EncoderShim):
             if warning:
                 pb_utils.Logger.log_warn(f"{model.name}: {warning}")
 
+    def device_memory(self) -> int | None:
+        return torch.cuda.mem_get_info(self.device)[1] if self.device.type == "cuda" else None
+
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         with torch.inference_mode():
             inputs = (torch.from_numpy(feeds[name]).to(self.device, non_blocking=True) for name in self.input_names)
