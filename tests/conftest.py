@@ -25,6 +25,17 @@ REPOSITORY = Path(os.environ.get("POOLTRITON_REPOSITORY", ROOT / "model_reposito
 BACKENDS = Path(os.environ.get("POOLTRITON_BACKENDS", ROOT / "build" / "backends"))
 
 
+def edit_config(path: Path, edit) -> None:
+    """Change a generated config.pbtxt as Triton's own message (`edit(message)`), written back by text_format."""
+    from google.protobuf import text_format
+
+    from pooltriton.contract.config import parse_config
+
+    config = parse_config(path)
+    edit(config)
+    path.write_text(text_format.MessageToString(config))
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

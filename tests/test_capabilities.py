@@ -19,7 +19,7 @@ from pooltriton.core.capabilities import OVERRIDE_ENV, PrecisionError, choose_pr
 from pooltriton.export.build import ExportOptions, export_model
 from pooltriton.export.defaults import DEFAULT_MODELS, exported_defaults
 
-from conftest import REPOSITORY, start_server
+from conftest import REPOSITORY, edit_config, start_server
 
 HOST = detect()
 AVX2 = detect("fpu sse2 avx fma avx2")  # e.g. AMD EPYC family 25 as issue 9 found it
@@ -154,10 +154,12 @@ def test_a_stage_warns_when_its_export_precision_does_not_run_here(tiny_embedder
     encoder logs a warning where this CPU has no bf16, and none where it has; answers stay exact."""
     export_model(tiny_embedder, ExportOptions(name="tiny", out=tmp_path, runtime="openvino"))
     config = tmp_path / "tiny_encoder" / "config.pbtxt"
-    text = config.read_text()
-    config.write_text(text.replace('"HINT_BF16" value: { string_value: "NO" }',
-                                   '"HINT_BF16" value: { string_value: "YES" }'))
-    assert config.read_text() != text
+
+    def bf16(message) -> None:
+        assert message.parameters["HINT_BF16"].string_value == "NO"
+        message.parameters["HINT_BF16"].string_value = "YES"
+
+    edit_config(config, bf16)
     log = tmp_path / "server.log"
     server = start_server(tmp_path, log)
     try:

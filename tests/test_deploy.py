@@ -242,15 +242,21 @@ def test_gpu_repository_answers_like_the_cpu_one(gpu_repository: Path, tmp_path:
     """The GPU repository's files and bucket padding, served here by the onnxruntime stand-in on the CPU
     (instances made KIND_CPU, TensorRT dropped: the only edits), answer as the default CPU repository
     does (whose answers are checked against the references elsewhere): every public model, every task."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
     from pooltriton.client import PoolingClient
 
     from conftest import start_server
 
     repository = tmp_path / "gpu_on_cpu"
     shutil.copytree(gpu_repository, repository)
-    for config in repository.glob("*/config.pbtxt"):
-        text = re.sub(r"^optimization .*\n", "", config.read_text().replace("KIND_GPU", "KIND_CPU"), flags=re.M)
-        config.write_text(text)
+    for path in repository.glob("*/config.pbtxt"):  # edited as Triton's own message, written back by text_format
+        config = parse_config(path)
+        for group in config.instance_group:
+            group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
+        config.ClearField("optimization")
+        path.write_text(text_format.MessageToString(config))
     texts = ["A man is eating food.", "My name is Jane Doe and my email is jane.doe@example.com.",
              "A much longer sentence " * 20, "x"]
     server = start_server(repository, tmp_path / "server.log")

@@ -7,7 +7,6 @@ Bounded: a fixed number of requests from a fixed number of concurrent clients, l
 from __future__ import annotations
 
 import asyncio
-import re
 import shutil
 import time
 
@@ -20,7 +19,7 @@ from pooltriton.contract import stages
 from pooltriton.contract.requests import classify
 from pooltriton.export.defaults import exported_defaults
 
-from conftest import REPOSITORY, running_gateway, start_server
+from conftest import REPOSITORY, edit_config, running_gateway, start_server
 
 QUEUE_SIZE, TIMEOUT_S = 2, 5
 CLIENTS, REQUESTS = 24, 72  # each request: 32 texts of ~100 tokens, ~0.7 s of encoder time here
@@ -35,15 +34,17 @@ def small_queue(tmp_path_factory: pytest.TempPathFactory):
     for stage in (*stages("minilm"), "minilm_zero_shot"):
         if (REPOSITORY / stage).is_dir():
             shutil.copytree(REPOSITORY / stage, repository / stage)
-    for config in repository.glob("*/config.pbtxt"):
-        text = config.read_text()
-        text = re.sub(r"max_queue_size: \d+", f"max_queue_size: {QUEUE_SIZE}", text)
-        text = re.sub(r"default_timeout_microseconds: \d+", f"default_timeout_microseconds: {TIMEOUT_S * 10**6}",
-                      text)
-        if 'backend: "scorer"' in text or 'backend: "plugin"' in text:
+    def small(message) -> None:
+        if message.HasField("dynamic_batching"):
+            policy = message.dynamic_batching.default_queue_policy
+            policy.max_queue_size, policy.default_timeout_microseconds = QUEUE_SIZE, TIMEOUT_S * 10**6
+        if message.backend in ("scorer", "plugin"):
             # Enough callers in flight to overflow the ensemble's queue behind them.
-            text = re.sub(r"count: \d+", f"count: {CALLERS}", text)
-        config.write_text(text)
+            for group in message.instance_group:
+                group.count = CALLERS
+
+    for config in repository.glob("*/config.pbtxt"):
+        edit_config(config, small)
     server = start_server(repository, repository / "server.log")
     yield server
     assert server.stop() == 0

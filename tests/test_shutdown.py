@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from pooltriton.client import PoolingClient
 
-from conftest import REPOSITORY, start_server
+from conftest import REPOSITORY, edit_config, start_server
 
 
 def stub_segfaults() -> int | None:
@@ -52,11 +52,11 @@ def _minilm_repository(folder: Path, threads: int) -> Path:
 
     for stage in ("minilm", "minilm_tokenizer", "minilm_encoder", "minilm_pooler"):
         shutil.copytree(REPOSITORY / stage, folder / stage)
-    config = folder / "minilm_encoder" / "config.pbtxt"
-    text = config.read_text()
-    old = '{ key: "INFERENCE_NUM_THREADS" value: { string_value: "2" } }'
-    assert old in text
-    config.write_text(text.replace(old, f'{{ key: "INFERENCE_NUM_THREADS" value: {{ string_value: "{threads}" }} }}'))
+    def threaded(message) -> None:
+        assert message.parameters["INFERENCE_NUM_THREADS"].string_value == "2"
+        message.parameters["INFERENCE_NUM_THREADS"].string_value = str(threads)
+
+    edit_config(folder / "minilm_encoder" / "config.pbtxt", threaded)
     return folder
 
 

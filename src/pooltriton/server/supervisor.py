@@ -166,6 +166,9 @@ class Supervisor:
             self.strikes.pop(model, None)
             return {}
         steps = self.ensembles.get(model, [])
+        if any(i not in sent_to for i in self.expected if instance_model(i) in steps):
+            self.strikes.pop(model, None)
+            return {}  # a stage's stub died: the watch reloads it, its failing canaries are no wedge
         stages = {i: pid for i, pid in sent_to.items() if instance_model(i) in steps}
         stuck = {i: pid for i, pid in stages.items() if process_state(pid) in _STUCK_STATES}
         if stuck or status == DEADLINE_EXCEEDED:
