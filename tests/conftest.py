@@ -55,14 +55,15 @@ def start_server(repository: Path, log_file: Path, **kwargs) -> TritonServer:
 
 
 @contextmanager
-def running_gateway(grpc_url: str, api_key: str | None = None, client=None, admin_key: str | None = None):
+def running_gateway(grpc_url: str, api_key: str | None = None, client=None, admin_key: str | None = None,
+                    **options):
     """The HTTP gateway in a thread of this process (uvicorn), on a free port; yields its base URL."""
     import uvicorn
 
     from pooltriton.gateway.app import create_app
 
     port = free_port()
-    app = create_app(grpc_url, api_key=api_key, client=client, admin_key=admin_key)
+    app = create_app(grpc_url, api_key=api_key, client=client, admin_key=admin_key, **options)
     gateway = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=gateway.run, daemon=True)
     thread.start()
