@@ -41,6 +41,13 @@ def test_admission_refuses_when_the_estimated_wait_exceeds_the_deadline() -> Non
 def test_admission_admits_anything_before_it_has_measured_and_when_nothing_is_queued() -> None:
     fresh = Admission(deadline_s=0.001)
     assert fresh.admit(10**6, now=0.0) is None  # no rate yet: nothing to estimate with
+    # One short text answered after idle time is a single text's speed, not evidence of what the server
+    # clears in batches: a burst behind it is admitted until enough answers measured the rate.
+    thin = Admission(deadline_s=1.0)
+    assert thin.admit(10, now=0.0) is None
+    thin.done(10, 10, 40, now=0.01)  # 1,000 tokens/s
+    assert thin.admit(10, now=0.02) is None and thin.admit(10**5, now=0.02) is None
+    assert thin.admit(10, now=0.02) is None  # 100 s "ahead" by one answer's rate: still admitted
     idle = measured(deadline_s=0.5)
     assert idle.admit(10**6, now=2.0) is None  # alone, however long: it waits for nothing
 
@@ -54,7 +61,7 @@ def test_tokens_are_estimated_by_the_characters_the_answers_showed() -> None:
 def test_the_gateway_refuses_at_once_with_429_and_retry_after_from_the_estimate() -> None:
     fake = FakeClient()
     with TestClient(create_app("unused:0", client=fake, deadline_s=1.0)) as http:
-        for _ in range(5):  # answered requests: the rate this front measures
+        for _ in range(10):  # answered requests: the rate this front measures (8 at least before refusing)
             assert http.post("/v1/embeddings", json={"model": "emb", "input": ["one two three"]}).status_code == 200
         admission = http.app.state.pooling_service._admission["emb"]
         rate = admission.tokens_per_s

@@ -18,6 +18,7 @@ from pooltriton.core.resolve import resolve
 from pooltriton.core.semantics import PoolingType
 from pooltriton.core.tokenization import TextTokenizer
 from pooltriton.export.build import ExportOptions, export_model
+from pooltriton.export.corpus import corpus, sentences
 from pooltriton.export.defaults import minilm_path
 from pooltriton.export.encoder import load_encoder
 from pooltriton.export.reference import load_reference
@@ -29,6 +30,7 @@ from pooltriton.export.verify import (
     Runner,
     VerificationError,
     bound_text,
+    neighbour_agreement,
     verify,
 )
 
@@ -110,6 +112,44 @@ def test_verification_fails_on_a_wrong_export() -> None:
     cls = load_encoder(minilm_path(), dataclasses.replace(config, pooling_type=PoolingType.CLS))
     with pytest.raises(VerificationError, match=r"differs from .* beyond its bound"):
         verify(reference, Runner(running(cls), "fp32"), tokenizer, config, encoder.input_names, runtime="test")
+
+
+def test_int8_verification_can_fail() -> None:
+    """int8's bound is cosine (mean >= 0.999, min >= 0.995, on random words and real sentences) and the
+    neighbours of real queries: an export that keeps every vector within 0.998 of the reference still
+    fails, and so does one the runtime did not compile in int8."""
+    config = resolve(minilm_path())
+    encoder = load_encoder(minilm_path(), config)
+    reference = load_reference(minilm_path(), config)
+    tokenizer = TextTokenizer(str(minilm_path() / "tokenizer.json"), config.max_length)
+    small = dataclasses.replace(corpus(), documents=corpus().documents[:200], queries=corpus().queries[:40])
+    report = verify(reference, Runner(running(encoder), "int8"), tokenizer, config, encoder.input_names,
+                    runtime="test", precision="int8", real_texts=small)
+    assert report.passed and report.retrieval["agreement"] == 1.0 and report.retrieval["queries"] == 40
+    assert "top-10 neighbours" in report.bound and "0.995" in report.bound
+
+    def noisy(feeds):  # each vector moved by ~3.4 degrees: cosine ~0.998, within bf16's bound, not int8's
+        out = running(encoder)(feeds)
+        noise = np.random.default_rng(0).normal(0, 1, out.shape).astype(np.float32)
+        return out + 0.06 * np.linalg.norm(out, axis=1, keepdims=True) * noise / np.sqrt(out.shape[1])
+
+    with pytest.raises(VerificationError, match=r"cosine mean .* top-10 agreement") as failed:
+        verify(reference, Runner(noisy, "int8"), tokenizer, config, encoder.input_names, runtime="test",
+               precision="int8", real_texts=small)
+    assert not failed.value.report.passed and 0.995 < failed.value.report.mean_cosine < 0.999
+    with pytest.raises(VerificationError, match="runs most of its matrix products in fp32"):
+        verify(reference, Runner(running(encoder), "fp32"), tokenizer, config, encoder.input_names,
+               runtime="test", precision="int8", real_texts=small)
+
+
+def test_neighbour_agreement_sees_reordered_neighbours() -> None:
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(120, 16))
+    assert neighbour_agreement(vectors, vectors, documents=100) == 1.0
+    assert neighbour_agreement(vectors, vectors * 3.0, documents=100) == 1.0  # cosine: scale does not matter
+    moved = vectors + rng.normal(0, 0.5, vectors.shape)
+    assert neighbour_agreement(vectors, moved, documents=100) < 0.95
+    assert len(sentences()) > 1400 and len(set(corpus().calibration) & set(corpus().documents)) == 0
 
 
 def test_nan_in_an_output_is_its_own_failure() -> None:

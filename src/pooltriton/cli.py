@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pooltriton.contract import QUEUE_SIZE, QUEUE_TIMEOUT_MS
 from pooltriton.core.capabilities import AUTO
-from pooltriton.core.runtimes import BF16, CPU, CUDA, FP16, FP32, RUNTIMES, TOLERANCES
+from pooltriton.core.runtimes import BF16, CPU, CUDA, FP16, FP32, INT8, RUNTIMES, TOLERANCES
 from pooltriton.core.semantics import PoolingType, Task
 from pooltriton.server.supervisor import CANARY_DEADLINE_S, CANARY_INTERVAL_S
 
@@ -58,15 +58,17 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--runtime", choices=sorted(RUNTIMES), default="onnx",
                         help="encoder runtime: ONNX model.onnx (backend onnxruntime), the same file compiled by "
                         "OpenVINO (backend openvino), or TorchScript model.pt (backend pytorch)")
-    export.add_argument("--precision", choices=[FP32, BF16, FP16, AUTO], default=FP32,
+    export.add_argument("--precision", choices=[FP32, BF16, FP16, INT8, AUTO], default=FP32,
                         help="encoder precision (default fp32, the exact reference): bf16 with openvino or "
-                        "torchscript on CPUs with AVX512-BF16/AMX, fp16 with torchscript on GPUs; auto: bf16 where "
-                        "this CPU runs it natively, else fp32 (see `pooltriton capabilities`). A precision the CPU "
-                        "cannot run natively is an error")
+                        "torchscript on CPUs with AVX512-BF16/AMX, fp16 with torchscript on GPUs, int8 (NNCF, "
+                        "embedding models) with openvino on CPUs with VNNI/AMX; auto: int8 where it meets its "
+                        "bounds, else bf16 where this CPU runs it natively, else fp32 (see `pooltriton "
+                        "capabilities`). A precision the CPU cannot run natively is an error")
     export.add_argument("--tolerance", type=float, metavar="T",
                         help="verification bound against the reference in fp64: fp32 |Δ| <= 8 x its fp32 noise + "
                         f"T x (1 + max |reference|) (default {TOLERANCES[FP32]:g}); bf16/fp16 cosine mean >= 1 - T, "
-                        f"min >= 1 - 4T (default {TOLERANCES[BF16]:g})")
+                        f"min >= 1 - 4T (default {TOLERANCES[BF16]:g}); int8 cosine mean >= 1 - T, min >= 1 - 5T "
+                        f"(default {TOLERANCES[INT8]:g}) and top-10 neighbours as the reference's in >= 1 - 50T")
     export.add_argument("--device", choices=[CPU, CUDA], default=CPU,
                         help="cuda: trace on the GPU and serve from KIND_GPU instances (torchscript)")
     export.add_argument("--batching", choices=["ragged", "buckets"], default="ragged",

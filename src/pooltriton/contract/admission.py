@@ -17,6 +17,10 @@ from dataclasses import dataclass
 # Measured rates forget with this time constant (seconds): the server's speed is the recent one.
 HORIZON_S = 30.0
 CHARS_PER_TOKEN = 4.0  # before any answer came back (English BPE/WordPiece text: ~4 characters a token)
+# Answers (decayed) a rate must rest on before it refuses anything: one short text answered after idle
+# time shows a single text's speed, far below what the server clears in batches, and would refuse the
+# start of a burst that fits (measured at the gateway's cancellation flood).
+MIN_ANSWERS = 8.0
 
 
 @dataclass
@@ -51,6 +55,7 @@ class Admission:
         self._tokens = _Decayed()  # tokens answered
         self._busy = _Decayed()  # seconds with work in flight
         self._chars = _Decayed()  # characters of the answered texts
+        self._answers = _Decayed()  # answered requests: the evidence the rate rests on
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -69,7 +74,7 @@ class Admission:
         that could not start within the deadline behind the queued work (its own size does not count,
         so a long request is not starved by steady load)."""
         rate = self.tokens_per_s
-        if rate is not None and self._in_flight > 0:
+        if rate is not None and self._in_flight > 0 and self._answers.at_time(now) >= MIN_ANSWERS:
             wait = self.queued_tokens / rate
             if wait > self.deadline_s:
                 return Refusal(wait, max(1, math.ceil(wait - self.deadline_s)))
@@ -86,6 +91,7 @@ class Admission:
         if tokens:
             self._tokens.add(tokens, now)
             self._chars.add(characters, now)
+            self._answers.add(1, now)
 
     def _account(self, now: float) -> None:
         """Busy time: the seconds during which this front had work in flight."""

@@ -19,7 +19,7 @@ import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pooltriton.core.runtimes import BF16, CPU, FP16, FP32
+from pooltriton.core.runtimes import BF16, CPU, FP16, FP32, INT8
 
 OVERRIDE_ENV = "POOLTRITON_CPU_FLAGS"
 AUTO = "auto"
@@ -72,7 +72,7 @@ class Capabilities:
         return "avx2" if "avx2" in self.flags else "baseline"
 
     def native(self, precision: str) -> bool:
-        return {FP32: True, BF16: self.bf16, FP16: self.fp16}[precision]
+        return {FP32: True, BF16: self.bf16, FP16: self.fp16, INT8: self.vnni}[precision]
 
     def summary(self) -> dict[str, object]:
         return {"cpu": self.model_name, "class": self.cpu_class, "flags": sorted(self.flags & set(SHOWN_FLAGS)),
@@ -161,9 +161,12 @@ def _host(runtimes: bool) -> Capabilities:
     return Capabilities(flags, "/proc/cpuinfo", model, _openvino(), _torch(), _onnxruntime())
 
 
-def choose_precision(runtime: str, requested: str, device: str, capabilities: Capabilities) -> tuple[str, str]:
-    """(precision, reason) for an export. `auto`: bf16 where the CPU runs it natively, fp32 otherwise
-    (fp16 on a GPU). An explicit precision the CPU cannot run natively raises PrecisionError."""
+def choose_precision(runtime: str, requested: str, device: str, capabilities: Capabilities,
+                     quantize: bool = True) -> tuple[str, str]:
+    """(precision, reason) for an export. `auto`: int8 where the runtime quantizes (openvino), the CPU has
+    VNNI/AMX and `quantize` (the export falls back with quantize=False when int8 misses its bounds, or the
+    task is not an embedding), else bf16 where the CPU runs it natively, fp32 otherwise (fp16 on a GPU).
+    An explicit precision the CPU cannot run natively raises PrecisionError."""
     if device != CPU:
         if requested == AUTO:
             return (FP16, "GPU: fp16 tensor cores") if runtime == "torchscript" else (FP32, "the runtime's only")
@@ -171,9 +174,17 @@ def choose_precision(runtime: str, requested: str, device: str, capabilities: Ca
     if requested == AUTO:
         if runtime == "onnx":
             return FP32, "the onnx runtime serves fp32 only"
+        if runtime == "openvino" and quantize and capabilities.vnni:
+            return INT8, (f"int8 matrix instructions ({', '.join(f for f in VNNI_FLAGS if f in capabilities.flags)}), "
+                          f"if the quantized model meets its bounds")
         if capabilities.bf16:
             return BF16, f"native bf16 ({', '.join(f for f in BF16_FLAGS if f in capabilities.flags)})"
         return FP32, f"no {'/'.join(BF16_FLAGS)} on this CPU ({capabilities.cpu_class}): bf16 would not run natively"
+    if requested == INT8 and not capabilities.vnni:
+        raise PrecisionError(
+            f"--precision int8 needs a CPU with {' or '.join(VNNI_FLAGS)}; this one ({capabilities.model_name}, "
+            f"{capabilities.cpu_class}) has none, so int8 would run no faster than fp32 and lose accuracy for "
+            f"nothing. Use --precision auto (here: {choose_precision(runtime, AUTO, device, capabilities)[0]}).")
     if not capabilities.native(requested):
         needs = {BF16: BF16_FLAGS, FP16: FP16_FLAGS}[requested]
         raise PrecisionError(

@@ -11,10 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-FP32, BF16, FP16 = "fp32", "bf16", "fp16"
+FP32, BF16, FP16, INT8 = "fp32", "bf16", "fp16", "int8"
 CPU, CUDA = "cpu", "cuda"
 # Default verification bound per precision (export.verify says how each is applied; --tolerance overrides).
-TOLERANCES = {FP32: 1e-5, BF16: 0.005, FP16: 0.005}
+# int8 (issue 19): cosine mean >= 0.999 and min >= 0.995, and retrieval neighbours as fp32's.
+TOLERANCES = {FP32: 1e-5, BF16: 0.005, FP16: 0.005, INT8: 0.001}
+# The minimum cosine of a reduced precision is 1 - this x its tolerance.
+MIN_COSINE_MULTIPLE = {BF16: 4, FP16: 4, INT8: 5}
 
 
 # The native onnxruntime and pytorch backends' thread parameter (written here, read by their shims).
@@ -27,6 +30,12 @@ class Runtime:
     filename: str
     precisions: tuple[str, ...]
     devices: tuple[str, ...]
+    # Precisions whose weights are rewritten at export into another file (OpenVINO IR for int8).
+    filenames: tuple[tuple[str, str], ...] = ()
+
+    def artefact(self, precision: str) -> str:
+        """The file the encoder loads in this precision."""
+        return dict(self.filenames).get(precision, self.filename)
 
     def parameters(self, threads: int, precision: str) -> dict[str, str]:
         if self.backend == "openvino":
@@ -43,8 +52,10 @@ RUNTIMES = {
     # On a GPU (the NGC image's native onnxruntime backend, CUDA execution provider; TensorRT optional)
     # the same device-independent file: it is exported and verified on the CPU.
     "onnx": Runtime("onnx", "onnxruntime", "model.onnx", (FP32,), (CPU, CUDA)),
-    # Same model.onnx, compiled by OpenVINO: faster fp32 on x86 CPUs and a bf16 path (issue 5).
-    "openvino": Runtime("openvino", "openvino", "model.onnx", (FP32, BF16), (CPU,)),
+    # Same model.onnx, compiled by OpenVINO: faster fp32 on x86 CPUs and a bf16 path (issue 5); int8 is
+    # the model quantized by NNCF at export (export.quantize), saved as OpenVINO IR.
+    "openvino": Runtime("openvino", "openvino", "model.onnx", (FP32, BF16, INT8), (CPU,),
+                        filenames=((INT8, "model.xml"),)),
     # Traced on the export device in the export precision (fp16 is the GPU option).
     "torchscript": Runtime("torchscript", "pytorch", "model.pt", (FP32, BF16, FP16), (CPU, CUDA)),
 }
@@ -69,8 +80,23 @@ _TORCH_TYPES = {"torch.float32": FP32, "torch.bfloat16": BF16, "torch.float16": 
 
 def openvino_precision(compiled: Any) -> str:
     """What a compiled OpenVINO model really computes in: the CPU plugin resolves the bf16 hint to f32
-    where the CPU has no bf16 instructions, and says so only in this property."""
+    where the CPU has no bf16 instructions, and says so only in this property. A quantized model is
+    int8 when most of its matrix products run on 8-bit integers in the executed graph."""
+    int8, products = openvino_int8_products(compiled)
+    if products and 2 * int8 >= products:
+        return INT8
     return _OPENVINO_TYPES[compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()]
+
+
+def openvino_int8_products(compiled: Any) -> tuple[int, int]:
+    """(matrix products the CPU plugin runs in int8, all matrix products) of a compiled model."""
+    int8 = products = 0
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        if info["layerType"].astype(str) in ("FullyConnected", "MatMul", "Convolution"):
+            products += 1
+            int8 += info["runtimePrecision"].astype(str) in ("u8", "i8")
+    return int8, products
 
 
 def torchscript_precision(module: Any) -> str:

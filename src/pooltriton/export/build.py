@@ -63,7 +63,7 @@ from pooltriton.contract.parameters import (
 )
 from pooltriton.core.capabilities import AUTO, Capabilities, PrecisionError, choose_precision, detect
 from pooltriton.core.resolve import SUPPORTED_MODEL_TYPES, PoolerConfig, ResolutionError, resolve
-from pooltriton.core.runtimes import CPU, CUDA, FP32, RUNTIMES, Runtime
+from pooltriton.core.runtimes import CPU, CUDA, FP32, INT8, RUNTIMES, Runtime
 from pooltriton.core.semantics import PoolingType, Task
 
 # Used when batching="buckets": the tokenizer pads to these lengths so that equal shapes meet in
@@ -90,8 +90,9 @@ class ExportOptions:
     convert: str | None = None
     matryoshka_dimensions: tuple[int, ...] = ()  # sizes the embedding may be cut to (then re-normalised)
     runtime: str = "onnx"  # or "openvino", "torchscript" (pooltriton.core.runtimes.RUNTIMES)
-    # "fp32", "bf16" (openvino, torchscript), "fp16" (torchscript, for GPUs) or "auto": what this machine
-    # runs natively (pooltriton.core.capabilities); fp32 stays the default, the exact reference.
+    # "fp32", "bf16" (openvino, torchscript), "fp16" (torchscript, for GPUs), "int8" (openvino, embedding
+    # models, CPUs with VNNI/AMX: export.quantize) or "auto": what this machine runs natively
+    # (pooltriton.core.capabilities); fp32 stays the default, the exact reference.
     precision: str = FP32
     device: str = "cpu"  # or "cuda": KIND_GPU encoder instances (torchscript)
     batching: str = "ragged"  # or "buckets" (native backends: they cannot take ragged inputs)
@@ -111,15 +112,16 @@ class ExportOptions:
     classifier_from_tokens: tuple[str, str] | None = None
     score_template: str | None = None
 
-    def check(self, capabilities: Capabilities) -> tuple[Runtime, ExportOptions]:
-        """The runtime, and these options with the precision decided (`auto`) and checked against the CPU."""
+    def check(self, capabilities: Capabilities, quantize: bool = True) -> tuple[Runtime, ExportOptions]:
+        """The runtime, and these options with the precision decided (`auto`; int8 only if `quantize`) and
+        checked against the CPU."""
         if (problem := invalid_model_name(self.name)) is not None:
             raise ResolutionError(problem)
         runtime = RUNTIMES.get(self.runtime)
         if runtime is None:
             raise ResolutionError(f"runtime must be one of {sorted(RUNTIMES)}, not {self.runtime!r}")
         try:
-            precision, reason = choose_precision(self.runtime, self.precision, self.device, capabilities)
+            precision, reason = choose_precision(self.runtime, self.precision, self.device, capabilities, quantize)
         except PrecisionError as error:
             raise ResolutionError(str(error)) from None
         if self.memory_budget_mb < 0:
@@ -189,52 +191,41 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     from pooltriton.core.tokenization import TextTokenizer
     from pooltriton.export.encoder import load_encoder, output_width
     from pooltriton.export.memory import encoder_memory
-    from pooltriton.export.reference import load_reference
-    from pooltriton.export.verify import VerificationError, exporter, verify
+    from pooltriton.export.verify import VerificationError
 
+    requested = options
     runtime, options = options.check(detect())
     model_dir = Path(model_dir)
     tokenizer_file = model_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ResolutionError(f"{model_dir} has no tokenizer.json (a fast tokenizer is required)")
     check_model_files(model_dir, options.allow_pickle, options.trust_remote_code)
-    progress = Progress(5)
+    progress = Progress(6 if options.precision == INT8 else 5)
     progress(f"resolving pooler configuration of {model_dir}")
     config = resolve_options(model_dir, options)
     check_supported(config)
+    if options.precision == INT8 and config.task is not Task.EMBED:
+        if requested.precision != AUTO:
+            raise ResolutionError(f"--precision int8 serves embedding models (its bounds are cosine and "
+                                  f"retrieval neighbours), not {config.task.value}")
+        runtime, options = requested.check(detect(), quantize=False)
+        print(f"--precision auto: {options.precision} (int8 serves embedding models only)", file=sys.stderr)
     progress(f"loading {config.architecture} ({config.task.value}, {config.pooling_type.value} pooling)")
     encoder = load_encoder(model_dir, config, options.allow_pickle, options.trust_remote_code)
     width = output_width(encoder, config)
-
+    tokenizer = TextTokenizer(str(tokenizer_file), config.max_length)
     out = Path(options.out)
     names = stages(options.name)
-    for stage in names:
-        shutil.rmtree(out / stage, ignore_errors=True)
-    encoder_dir = out / names.encoder
-    artefact = encoder_dir / "1" / runtime.filename
-    progress(f"exporting {options.runtime} encoder ({options.precision}, {options.device}) to {artefact}")
-    export, runner = exporter(options.runtime)
-    # ONNX stays fp32 (OpenVINO lowers the precision when it compiles); TorchScript is traced in the
-    # serving precision on the serving device.
-    lowered = options.runtime == "torchscript" and (options.precision, options.device) != (FP32, CPU)
-    traced = copy.deepcopy(encoder).to_precision(options.precision, options.device) if lowered else encoder
-    tokenizer = TextTokenizer(str(tokenizer_file), config.max_length)
     try:
-        export(traced, artefact, config.max_length, options.device)
-        del traced
-        reference = load_reference(model_dir, config, options.allow_pickle, options.trust_remote_code)
-        progress(f"verifying the {options.runtime} encoder against {reference.description}")
-        report = verify(reference, runner(artefact, options.precision, options.device), tokenizer, config,
-                        encoder.input_names, runtime=runtime.backend, precision=options.precision,
-                        tolerance=options.tolerance)
-    except BaseException as error:
-        # Nothing half-made stays in the repository for a server to load.
-        for stage in names:
-            shutil.rmtree(out / stage, ignore_errors=True)
-        if isinstance(error, VerificationError) and error.report is not None:
-            print(error.report.table(), file=sys.stderr)
-        raise
+        report = _export_encoder(model_dir, encoder, config, tokenizer, options, runtime, progress)
+    except VerificationError as error:
+        if not (requested.precision == AUTO and options.precision == INT8):
+            raise
+        runtime, options = requested.check(detect(), quantize=False)
+        print(f"--precision auto: {options.precision} (int8 missed its bounds: {error})", file=sys.stderr)
+        report = _export_encoder(model_dir, encoder, config, tokenizer, options, runtime, progress)
     print(report.table(), file=sys.stderr)
+    encoder_dir = out / names.encoder
 
     progress(f"writing model configurations under {out}")
     for model in pipeline_configs(options, config, encoder.input_names, ENCODER_OUTPUT, width,
@@ -245,6 +236,52 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     _write_json(out / names.ensemble / "pooler_config.json", config.to_json())
     print(f"exported {options.name} ({options.runtime}, {options.precision}) to {out}", file=sys.stderr)
     return asdict(report)
+
+
+def _export_encoder(model_dir: Path, encoder, config: PoolerConfig, tokenizer, options: ExportOptions,
+                    runtime: Runtime, progress: Progress):
+    """Export the encoder into its stage's version folder and verify it against the user's library; on
+    any failure nothing of the model stays in the repository for a server to load."""
+    from pooltriton.export.reference import load_reference
+    from pooltriton.export.verify import VerificationError, exporter, verify
+
+    out, names = Path(options.out), stages(options.name)
+    for stage in names:
+        shutil.rmtree(out / stage, ignore_errors=True)
+    version = out / names.encoder / "1"
+    artefact = version / runtime.artefact(options.precision)
+    progress(f"exporting {options.runtime} encoder ({options.precision}, {options.device}) to {artefact}")
+    export, runner = exporter(options.runtime)
+    # ONNX stays fp32 (OpenVINO lowers the precision when it compiles, NNCF quantizes it for int8);
+    # TorchScript is traced in the serving precision on the serving device.
+    lowered = options.runtime == "torchscript" and (options.precision, options.device) != (FP32, CPU)
+    traced = copy.deepcopy(encoder).to_precision(options.precision, options.device) if lowered else encoder
+    try:
+        export(traced, version / runtime.filename, config.max_length, options.device)
+        del traced
+        quantization = None
+        if options.precision == INT8:
+            from pooltriton.export.corpus import corpus
+            from pooltriton.export.quantize import quantize_openvino
+
+            progress(f"quantizing to int8 (NNCF, calibrated on {corpus().source}, with accuracy control)")
+            onnx_file = version / runtime.filename
+            quantization = quantize_openvino(onnx_file, artefact, tokenizer, encoder.input_names, corpus(),
+                                             **({"tolerance": options.tolerance} if options.tolerance else {}))
+            onnx_file.unlink()
+        reference = load_reference(model_dir, config, options.allow_pickle, options.trust_remote_code)
+        progress(f"verifying the {options.runtime} encoder against {reference.description}")
+        report = verify(reference, runner(artefact, options.precision, options.device), tokenizer, config,
+                        encoder.input_names, runtime=runtime.backend, precision=options.precision,
+                        tolerance=options.tolerance)
+        report.quantization = quantization.summary() if quantization else None
+        return report
+    except BaseException as error:
+        for stage in names:
+            shutil.rmtree(out / stage, ignore_errors=True)
+        if isinstance(error, VerificationError) and error.report is not None:
+            print(error.report.table(), file=sys.stderr)
+        raise
 
 
 def check_supported(config: PoolerConfig) -> None:
@@ -370,9 +407,11 @@ def _encoder_config(name: str, options: ExportOptions, config: PoolerConfig, ten
     batching = ({"ragged_token_budget": options.ragged_token_budget or RAGGED_TOKEN_BUDGET[options.device],
                  "memory_per_token": memory[0], "memory_per_attention_cell": memory[1],
                  "memory_budget": options.memory_budget_mb << 20} if ragged else {})
-    parameters = EncoderParameters(pad_token_id=pad_token_id, max_length=config.max_length, **batching)
+    parameters = EncoderParameters(pad_token_id=pad_token_id, max_length=config.max_length,
+                                   precision=options.precision, **batching)
     return ModelConfig(
-        name=name, backend=runtime.backend, default_model_filename=runtime.filename, max_batch_size=MAX_BATCH_SIZE,
+        name=name, backend=runtime.backend, default_model_filename=runtime.artefact(options.precision),
+        max_batch_size=MAX_BATCH_SIZE,
         inputs=[Tensor(n, "TYPE_INT64", (-1,), allow_ragged_batch=ragged) for n in tensors.encoder_inputs],
         outputs=[tensors.pooled],
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS, queue=queue),

@@ -1,7 +1,8 @@
 """Python stand-in for Triton's native `openvino` backend: compiles the same model.onnx with OpenVINO.
 
 Honours the native backend's parameters: INFERENCE_NUM_THREADS, NUM_STREAMS, PERFORMANCE_HINT and
-HINT_BF16 ("YES": bfloat16 inference on CPUs with AVX512-BF16/AMX, the reduced-precision option).
+HINT_BF16 ("YES": bfloat16 inference on CPUs with AVX512-BF16/AMX, the reduced-precision option). An
+int8 export is OpenVINO IR (model.xml) quantized by NNCF; it compiles like any other.
 With NUM_STREAMS > 1 the chunks of one dynamic batch run concurrently, one stream each (measured
 +15 % for bf16 on 2 cores), while a batch of one chunk (a single request) runs on a one-stream
 compilation that uses every thread, so streams do not cost single-text latency.
@@ -17,8 +18,9 @@ import triton_python_backend_utils as pb_utils
 
 from pooltriton.backends.common import ModelArgs
 from pooltriton.backends.shim import EncoderShim
+from pooltriton.contract.parameters import EncoderParameters
 from pooltriton.core.capabilities import load_warning
-from pooltriton.core.runtimes import BF16, FP32, openvino_precision, openvino_properties
+from pooltriton.core.runtimes import openvino_precision, openvino_properties
 
 
 class TritonPythonModel(EncoderShim):
@@ -32,8 +34,7 @@ class TritonPythonModel(EncoderShim):
         latency = core.compile_model(str(path), "CPU", {**properties, "NUM_STREAMS": "1",
                                                           "PERFORMANCE_HINT": "LATENCY"})
         self.request = latency.create_infer_request()
-        requested = BF16 if properties["INFERENCE_PRECISION_HINT"] == "bf16" else FP32
-        warning = load_warning(requested, openvino_precision(latency))
+        warning = load_warning(model.stage(EncoderParameters).precision, openvino_precision(latency))
         if warning:
             pb_utils.Logger.log_warn(f"{model.name}: {warning}")
         self.outputs = [latency.output(name) for name in self.output_names]
