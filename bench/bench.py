@@ -267,14 +267,49 @@ async def gateway_latency(base_url: str, texts: list[str], models: tuple[str, ..
     return {model: percentiles(values) for model, values in times.items()}
 
 
-def start_gateway(grpc_url: str, port: int, log: Path):
+async def overload(base_url: str, texts: list[str], model: str, clients: int, per_client: int,
+                   deadline_s: float, batch: int = 32, warm_up: int = 12) -> dict:
+    """Issue 19's overload through a gateway with admission by work: `clients` HTTP clients each post
+    `per_client` requests of `batch` long texts at once. Every request must be answered or refused;
+    refusals should come at once (429), answers within the deadline. First `warm_up` requests one at a
+    time: the rate admission estimates with (it refuses nothing before 8 answers)."""
+    import aiohttp
+
+    url = f"{base_url}/v1/embeddings"
+    requests = [texts[(i * batch) % len(texts):][:batch] or texts[:batch] for i in range(clients * per_client)]
+    outcomes: list[tuple[int, float]] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as http:
+        for body in requests[:warm_up]:
+            async with http.post(url, json={"model": model, "input": body}) as answer:
+                answer.raise_for_status()
+
+        async def client(index: int) -> None:
+            for body in requests[index::clients]:
+                started = time.perf_counter()
+                async with http.post(url, json={"model": model, "input": body}) as answer:
+                    await answer.read()
+                    outcomes.append((answer.status, time.perf_counter() - started))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client(i) for i in range(clients)))
+        seconds = time.perf_counter() - started
+    answered = [t for status, t in outcomes if status == 200]
+    refused = [t for status, t in outcomes if status == 429]
+    return {"model": model, "requests": len(outcomes), "clients": clients, "batch": batch, "deadline_s": deadline_s,
+            "answered": len(answered), "refused": len(refused), "other": len(outcomes) - len(answered) - len(refused),
+            "seconds": seconds, "refusal_p99_ms": 1000 * float(np.percentile(refused, 99)) if refused else None,
+            "answer_p99_s": float(np.percentile(answered, 99)) if answered else None,
+            "answer_max_s": max(answered, default=None)}
+
+
+def start_gateway(grpc_url: str, port: int, log: Path, *options: str):
     """The gateway as deployed: its own process (`python -m pooltriton.gateway`), ready when /health is."""
     import subprocess
 
     import httpx
 
-    process = subprocess.Popen([sys.executable, "-m", "pooltriton.gateway", "--triton", grpc_url, "--port", str(port)],
-                               stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    process = subprocess.Popen([sys.executable, "-m", "pooltriton.gateway", "--triton", grpc_url, "--port", str(port),
+                                *options], stdout=log.open("ab"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -289,7 +324,8 @@ def start_gateway(grpc_url: str, port: int, log: Path):
 
 # ---- the run --------------------------------------------------------------------------------------
 def run(repository: Path, out: Path, count: int, concurrencies: list[int], grpc_url: str | None,
-        metrics_url: str | None, latency_texts: int = 50, models: tuple[str, ...] = ("minilm",)) -> dict:
+        metrics_url: str | None, latency_texts: int = 50, models: tuple[str, ...] = ("minilm",),
+        overload_clients: int = 64, overload_per_client: int = 3, deadline_s: float = QUEUE_TIMEOUT_MS / 1000) -> dict:
     from socket import socket
 
     from pooltriton.server.assemble import assemble
@@ -340,6 +376,15 @@ def run(repository: Path, out: Path, count: int, concurrencies: list[int], grpc_
         results["served_latency"] = [{"model": model, **values} for model, values in latency.items()]
         through = asyncio.run(gateway_latency(gateway_url, texts[:latency_texts], models))
         results["gateway_latency"] = [{"model": model, **values} for model, values in through.items()]
+        # Overload last (it leaves queues full for a while), through a gateway of its own with the deadline.
+        gateway.terminate()
+        gateway.wait(30)
+        gateway_port = port()
+        gateway_url = f"http://127.0.0.1:{gateway_port}"
+        gateway = start_gateway(grpc_url, gateway_port, out / "gateway.log", "--deadline-s", str(deadline_s))
+        long_texts = sorted(texts, key=len)[len(texts) // 2:]  # the longer half: requests of real work
+        results["overload"] = asyncio.run(overload(gateway_url, long_texts, models[0], overload_clients,
+                                                   overload_per_client, deadline_s))
         if server is not None:
             results["peak_rss_mb"] = server.memory_mb("VmHWM")
     finally:
@@ -378,7 +423,7 @@ def table(results: dict) -> str:
     auto = results.get("machine", {}).get("capabilities", {}).get("auto_precision", {}).get("openvino")
     if auto:
         lines.append(f"--precision auto (openvino) on this CPU: {auto}; {_auto_ratio(results, auto)}")
-    lines += queue_sizing(results) + gateway_ratios(results)
+    lines += queue_sizing(results) + gateway_ratios(results) + overload_lines(results)
     if "peak_rss_mb" in results:
         lines.append(f"peak RSS of tritonserver and its stubs: {results['peak_rss_mb']:.0f} MB")
     return "\n".join(lines)
@@ -399,6 +444,18 @@ def gateway_ratios(results: dict) -> list[str]:
         over_b = grpc_latency[model]["p50_ms"] - results["baseline_latency"]["p50_ms"]
         lines.append(f"gateway - gRPC ({model}, one idle text): p50 {over_grpc:+.1f} ms; gRPC - B p50 {over_b:+.1f} ms")
     return lines
+
+
+def overload_lines(results: dict) -> list[str]:
+    item = results.get("overload")
+    if not item:
+        return []
+    refusal = f"{item['refusal_p99_ms']:.0f} ms" if item["refusal_p99_ms"] is not None else "-"
+    answer = (f"p99 {item['answer_p99_s']:.1f} s, max {item['answer_max_s']:.1f} s"
+              if item["answer_p99_s"] is not None else "-")
+    return [f"overload ({item['model']}, {item['clients']} clients, {item['requests']} requests of {item['batch']} "
+            f"long texts, deadline {item['deadline_s']:g} s, through the gateway): {item['answered']} answered "
+            f"({answer}), {item['refused']} refused at once (p99 {refusal}), {item['other']} other errors"]
 
 
 def queue_sizing(results: dict) -> list[str]:
@@ -423,6 +480,9 @@ def _auto_ratio(results: dict, auto: str) -> str:
         return "the fp32 model is what auto serves (ratio to fp32 1.00)"
     if best.get(model) and best.get("minilm"):
         return f"{model} runs at {best[model] / best['minilm']:.2f} x fp32 (best of each)"
+    if auto == "int8":
+        return ("int8 is served only where the quantized model meets its bounds; MiniLM does not "
+                "(docs/performance.md), so auto falls back to bf16/fp32 for it")
     return f"{model} was not measured"
 
 
@@ -469,6 +529,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grpc-url", help="use a running server instead of starting one")
     parser.add_argument("--metrics-url", help="its metrics endpoint (for padding %%)")
     parser.add_argument("--latency-texts", type=int, default=100)
+    parser.add_argument("--overload-clients", type=int, default=64)
+    parser.add_argument("--overload-requests", type=int, default=3, help="requests per overload client")
+    parser.add_argument("--deadline-s", type=float, default=QUEUE_TIMEOUT_MS / 1000,
+                        help="the overload gateway's admission deadline (default: Triton's queue timeout)")
     parser.add_argument("--models", help="comma-separated served ensembles (MiniLM exports), each measured "
                         "against B (default: minilm, and minilm_bf16 where this CPU runs bf16)")
     args = parser.parse_args(argv)
@@ -478,7 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = run(Path(args.repository), out, args.texts, [int(c) for c in args.concurrency.split(",")],
-                  args.grpc_url, args.metrics_url, args.latency_texts, tuple(models.split(",")))
+                  args.grpc_url, args.metrics_url, args.latency_texts, tuple(models.split(",")),
+                  args.overload_clients, args.overload_requests, args.deadline_s)
     results["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                           "capabilities": capabilities.summary()}
     (out / "bench.json").write_text(json.dumps(results, indent=2))

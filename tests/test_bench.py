@@ -20,7 +20,8 @@ def test_benchmark_end_to_end(tmp_path) -> None:
     out = tmp_path / "bench"
     result = subprocess.run(
         [sys.executable, str(BENCH), "--repository", str(REPOSITORY), "--out", str(out),
-         "--texts", "48", "--concurrency", "1,2", "--latency-texts", "3"],
+         "--texts", "48", "--concurrency", "1,2", "--latency-texts", "3", "--overload-clients", "4",
+         "--overload-requests", "1", "--deadline-s", "30"],
         capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -43,6 +44,10 @@ def test_benchmark_end_to_end(tmp_path) -> None:
     assert served["tokens_per_s"] > 0 and 0 <= served["padding_pct"] < 100 and served["avg_encoder_batch"] >= 1
     assert set(served["time_share_pct"]) == {"tokenizer", "encoder", "pooler"}
     assert (out / "throughput.png").stat().st_size > 1000
+    # Overload through the gateway with admission: every request answered or refused, nothing else.
+    overload = data["overload"]
+    assert overload["requests"] == 4 and overload["answered"] + overload["refused"] == 4 and overload["other"] == 0
+    assert "overload (minilm, 4 clients, 4 requests of 32 long texts, deadline 30 s" in result.stdout
 
 
 def test_gpu_benchmark_script_runs_on_the_cpu(tmp_path) -> None:
