@@ -26,16 +26,21 @@ def measured(deadline_s: float) -> Admission:
 
 def test_admission_refuses_when_the_estimated_wait_exceeds_the_deadline() -> None:
     admission = measured(deadline_s=2.0)
-    for _ in range(19):  # 1,900 tokens in flight: it could start after 1.9 s
+    for _ in range(19):  # 1,900 tokens in flight: a 100-token request would be answered after 2.0 s
         assert admission.admit(100, now=1.0) is None
-    assert admission.admit(5000, now=1.0) is None  # starts within the deadline, however long itself
-    refusal = admission.admit(10, now=1.0)  # now 6,900 tokens ahead: 6.9 s
-    assert refusal is not None and refusal.wait_s == pytest.approx(6.9, rel=0.01)
-    assert refusal.retry_after_s == 5  # 4.9 s over the deadline, rounded up
+    assert admission.admit(200, now=1.0) is not None  # 2.1 s with its own work: over the deadline
+    assert admission.admit(90, now=1.0) is None  # 1.99 s: it fits
+    refusal = admission.admit(1010, now=1.0)  # 1,990 ahead + its own 1,010 tokens: 3.0 s
+    assert refusal is not None and refusal.wait_s == pytest.approx(3.0, rel=0.01)
+    assert refusal.retry_after_s == 1  # 1.0 s over the deadline, rounded up
     # The refused request holds nothing; the queue drains as answers come back and it fits again.
-    assert admission.queued_tokens == pytest.approx(6900)
-    admission.done(5000, 5000, 20000, now=6.0)
-    assert admission.admit(10, now=6.0) is None
+    assert admission.queued_tokens == pytest.approx(1990)
+    for _ in range(19):
+        admission.done(100, 100, 400, now=2.0)
+    assert admission.admit(1010, now=2.0) is None
+    # A request longer than the deadline on its own still runs when nothing else is in flight.
+    lone = measured(deadline_s=2.0)
+    assert lone.admit(10**5, now=1.0) is None
 
 
 def test_admission_admits_anything_before_it_has_measured_and_when_nothing_is_queued() -> None:

@@ -1,6 +1,6 @@
-"""Admission by work, not by count (issue 19): a request that cannot start within its deadline, given
-the work already queued, is refused at once with the wait it would have had, instead of waiting out a
-queue timeout.
+"""Admission by work, not by count (issue 19): a request that cannot be answered within its deadline,
+given the work already queued and its own, is refused at once with the wait it would have had, instead
+of waiting out a queue timeout.
 
 Pure and clocked from outside (like the retry policy): `Admission` tracks the tokens this front has in
 flight and the tokens per second the server has been clearing, both measured from the answers (usage
@@ -40,7 +40,7 @@ class _Decayed:
 
 @dataclass(frozen=True)
 class Refusal:
-    wait_s: float  # the estimated wait before this request could start
+    wait_s: float  # the estimated time until this request would have been answered
     retry_after_s: int  # when enough queued work should have cleared for it to fit
 
 
@@ -71,11 +71,12 @@ class Admission:
 
     def admit(self, tokens: float, now: float) -> Refusal | None:
         """None: admitted (call `done` when it is answered); else why not, and when to retry: a request
-        that could not start within the deadline behind the queued work (its own size does not count,
-        so a long request is not starved by steady load)."""
+        that could not finish within the deadline behind the queued work and its own. With nothing in
+        flight anything is admitted (a request longer than the deadline alone is never refused outright;
+        it runs when the model is free)."""
         rate = self.tokens_per_s
         if rate is not None and self._in_flight > 0 and self._answers.at_time(now) >= MIN_ANSWERS:
-            wait = self.queued_tokens / rate
+            wait = (self.queued_tokens + tokens) / rate
             if wait > self.deadline_s:
                 return Refusal(wait, max(1, math.ceil(wait - self.deadline_s)))
         self._account(now)

@@ -179,7 +179,9 @@ def choose_precision(runtime: str, requested: str, device: str, capabilities: Ca
                           f"if the quantized model meets its bounds")
         if capabilities.bf16:
             return BF16, f"native bf16 ({', '.join(f for f in BF16_FLAGS if f in capabilities.flags)})"
-        return FP32, f"no {'/'.join(BF16_FLAGS)} on this CPU ({capabilities.cpu_class}): bf16 would not run natively"
+        int8 = f"no {'/'.join(VNNI_FLAGS)} for int8, " if runtime == "openvino" and quantize else ""
+        return FP32, (f"{int8}no {'/'.join(BF16_FLAGS)} on this CPU ({capabilities.cpu_class}): "
+                      f"bf16 would not run natively")
     if requested == INT8 and not capabilities.vnni:
         raise PrecisionError(
             f"--precision int8 needs a CPU with {' or '.join(VNNI_FLAGS)}; this one ({capabilities.model_name}, "

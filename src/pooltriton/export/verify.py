@@ -44,10 +44,6 @@ from pooltriton.export.reference import Reference
 # (95 %; --tolerance moves all three).
 NOISE_MULTIPLE = 8
 NEIGHBOURS, AGREEMENT_MULTIPLE = 10, 50
-
-
-def agreement_bound(tolerance: float) -> float:
-    return max(0.0, 1 - AGREEMENT_MULTIPLE * tolerance)
 TOLERANCE, REDUCED_TOLERANCE = TOLERANCES[FP32], TOLERANCES[BF16]
 MEAN_COSINE, MIN_COSINE = 1 - REDUCED_TOLERANCE, 1 - 4 * REDUCED_TOLERANCE
 
@@ -61,6 +57,11 @@ class VerificationError(RuntimeError):
     def __init__(self, message: str, report: Report | None = None) -> None:
         super().__init__(message)
         self.report = report
+
+
+def agreement_bound(tolerance: float) -> float:
+    """int8's share of top-k neighbours that must be the reference's."""
+    return max(0.0, 1 - AGREEMENT_MULTIPLE * tolerance)
 
 
 def bound_text(precision: str, tolerance: float) -> str:
