@@ -81,7 +81,9 @@ class EncoderParameters(StageParameters):
     memory_per_token: int | None = None  # bytes of one row per token at a layer's peak (export.memory)
     memory_per_attention_cell: int | None = None  # ... and per query-key pair
     memory_budget: int = 0  # bytes the encoder may hold at once; 0: half the machine's
-    precision: str = "fp32"  # what the export verified (a stage warns when this CPU runs something else)
+    # What the export verified (a stage warns when this CPU runs something else); None: exported before
+    # this was written (the native HINT_BF16 key says then).
+    precision: str | None = None
 
 
 @dataclass(frozen=True)

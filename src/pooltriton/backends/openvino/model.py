@@ -20,7 +20,7 @@ from pooltriton.backends.common import ModelArgs
 from pooltriton.backends.shim import EncoderShim
 from pooltriton.contract.parameters import EncoderParameters
 from pooltriton.core.capabilities import load_warning
-from pooltriton.core.runtimes import openvino_precision, openvino_properties
+from pooltriton.core.runtimes import BF16, FP32, openvino_precision, openvino_properties
 
 
 class TritonPythonModel(EncoderShim):
@@ -34,7 +34,9 @@ class TritonPythonModel(EncoderShim):
         latency = core.compile_model(str(path), "CPU", {**properties, "NUM_STREAMS": "1",
                                                           "PERFORMANCE_HINT": "LATENCY"})
         self.request = latency.create_infer_request()
-        warning = load_warning(model.stage(EncoderParameters).precision, openvino_precision(latency))
+        requested = model.stage(EncoderParameters).precision or (
+            BF16 if properties["INFERENCE_PRECISION_HINT"] == "bf16" else FP32)
+        warning = load_warning(requested, openvino_precision(latency))
         if warning:
             pb_utils.Logger.log_warn(f"{model.name}: {warning}")
         self.outputs = [latency.output(name) for name in self.output_names]
