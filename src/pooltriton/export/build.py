@@ -63,7 +63,7 @@ from pooltriton.contract.parameters import (
 )
 from pooltriton.core.capabilities import AUTO, Capabilities, PrecisionError, choose_precision, detect
 from pooltriton.core.resolve import SUPPORTED_MODEL_TYPES, PoolerConfig, ResolutionError, resolve
-from pooltriton.core.runtimes import CPU, CUDA, FP32, INT8, RUNTIMES, Runtime
+from pooltriton.core.runtimes import CPU, CUDA, FP32, INT8, RUNTIMES, TOLERANCES, Runtime
 from pooltriton.core.semantics import PoolingType, Task
 
 # Used when batching="buckets": the tokenizer pads to these lengths so that equal shapes meet in
@@ -256,19 +256,20 @@ def _export_encoder(model_dir: Path, encoder, config: PoolerConfig, tokenizer, o
     # TorchScript is traced in the serving precision on the serving device.
     lowered = options.runtime == "torchscript" and (options.precision, options.device) != (FP32, CPU)
     traced = copy.deepcopy(encoder).to_precision(options.precision, options.device) if lowered else encoder
+    exported = version / runtime.filename
     try:
-        export(traced, version / runtime.filename, config.max_length, options.device)
+        export(traced, exported, config.max_length, options.device)
         del traced
         quantization = None
         if options.precision == INT8:
             from pooltriton.export.corpus import corpus
             from pooltriton.export.quantize import quantize_openvino
 
-            progress(f"quantizing to int8 (NNCF, calibrated on {corpus().source}, with accuracy control)")
-            onnx_file = version / runtime.filename
-            quantization = quantize_openvino(onnx_file, artefact, tokenizer, encoder.input_names, corpus(),
-                                             **({"tolerance": options.tolerance} if options.tolerance else {}))
-            onnx_file.unlink()
+            texts = corpus()
+            progress(f"quantizing to int8 (NNCF, calibrated on {texts.source}, with accuracy control)")
+            quantization = quantize_openvino(exported, artefact, tokenizer, encoder.input_names, texts,
+                                             options.tolerance or TOLERANCES[INT8])
+            exported.unlink()
         reference = load_reference(model_dir, config, options.allow_pickle, options.trust_remote_code)
         progress(f"verifying the {options.runtime} encoder against {reference.description}")
         report = verify(reference, runner(artefact, options.precision, options.device), tokenizer, config,
