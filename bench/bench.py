@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from pooltriton.client.triton import AsyncPoolingClient
-from pooltriton.contract import ADMIN_KEY_ENV, QUEUE_SIZE, QUEUE_TIMEOUT_MS, admin_headers, stages
+from pooltriton.contract import ACTIVATE, ADMIN_KEY_ENV, QUEUE_SIZE, QUEUE_TIMEOUT_MS, admin_headers, stages
 from pooltriton.contract.config import parse_config
 from pooltriton.core.capabilities import detect
 from pooltriton.export.defaults import exported_defaults
@@ -104,9 +104,11 @@ class Baseline:
         from pooltriton.core.activation import normalize
 
         batch = self.tokenizer(texts)
+        # An embed graph normalises where ACTIVATE is 1, as served.
         feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-                 "token_type_ids": batch.token_type_ids}
-        return normalize(self.run({n: feeds[n] for n in self.inputs}))
+                 "token_type_ids": batch.token_type_ids, ACTIVATE: np.ones((len(texts), 1), dtype=np.int64)}
+        vectors = self.run({n: feeds[n] for n in self.inputs})
+        return vectors if ACTIVATE in self.inputs else normalize(vectors)
 
     def throughput(self, texts: list[str], batch: int = 32, sort: bool = True) -> dict:
         started = time.perf_counter()
@@ -399,7 +401,7 @@ def table(results: dict) -> str:
     base = results["baseline_sorted"]["tokens_per_s"]
     short_base = results["baseline_short"]["tokens_per_s"]
     rows = [("path", "texts/s", "tokens/s", "x B", "p50 ms", "p90 ms", "p99 ms", "pad %", "avg batch",
-             "share tok/enc/pool")]
+             "compute share % by stage")]
     rows.append(("B in-process, sorted, batch 32 (*)", *_cells(results["baseline_sorted"], base)))
     rows.append(("B in-process, corpus order", *_cells(results["baseline_corpus_order"], base)))
     for item in results["served"]:
@@ -488,7 +490,8 @@ def _auto_ratio(results: dict, auto: str) -> str:
 
 def _cells(item: dict, base: float) -> tuple:
     share = item.get("time_share_pct")
-    share_text = "/".join(f"{share.get(k, 0):.0f}" for k in ("tokenizer", "encoder", "pooler")) if share else ""
+    # The stages the ensemble has (an embed ensemble ends at its encoder).
+    share_text = " ".join(f"{k[:3]} {v:.0f}" for k, v in share.items()) if share else ""
     return (f"{item['texts_per_s']:.0f}", f"{item['tokens_per_s']:.0f}", f"{item['tokens_per_s'] / base:.2f}",
             f"{item['p50_ms']:.1f}" if "p50_ms" in item else "", f"{item['p90_ms']:.1f}" if "p90_ms" in item else "",
             f"{item['p99_ms']:.1f}" if "p99_ms" in item else "",

@@ -135,6 +135,16 @@ def test_sentence_transformers_pipelines_served_as_sentence_transformers_encodes
     _family, _mode, dense, normalize = case
     assert (expected.shape[1] == 24) == dense
     assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5) == normalize
+    # use_activation overrides the model's Normalize (or its absence) either way; the encoder graph
+    # normalises per text, so a request asking the opposite of the default gets it too.
+    unit = expected / np.linalg.norm(expected, axis=1, keepdims=True)
+    activated = served.embed(TEXTS, model=st_name(*case), use_activation=True)
+    assert np.abs(activated - unit).max() <= MAX_ABS
+    raw = served.embed(TEXTS, model=st_name(*case), use_activation=False)
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1, atol=1e-3)  # the pooled vectors, not unit ones
+    assert np.abs(raw / np.linalg.norm(raw, axis=1, keepdims=True) - unit).max() <= MAX_ABS
+    if not normalize:
+        assert np.abs(raw - expected).max() <= MAX_ABS
 
 
 def test_prompts_are_applied_as_sentence_transformers_applies_them(served, modern_root: Path) -> None:

@@ -38,8 +38,13 @@ from conftest import REPOSITORY
 
 
 def test_repository_layout_and_verification_report() -> None:
-    for stage in ("minilm", "minilm_tokenizer", "minilm_encoder", "minilm_pooler"):
+    for stage in ("minilm", "minilm_tokenizer", "minilm_encoder"):
         assert (REPOSITORY / stage / "config.pbtxt").is_file(), stage
+    # Embed normalises inside the encoder graph (ACTIVATE per text): the ensemble ends at the encoder.
+    assert not (REPOSITORY / "minilm_pooler").exists()
+    steps = parse_config(REPOSITORY / "minilm" / "config.pbtxt").ensemble_scheduling.step
+    assert [step.model_name for step in steps] == ["minilm_tokenizer", "minilm_encoder"]
+    assert dict(steps[1].output_map) == {"pooled": "EMBEDDING"}
     assert (REPOSITORY / "minilm_encoder" / "1" / "model.onnx").is_file()
     report = json.loads((REPOSITORY / "minilm_encoder" / "verification.json").read_text())
     assert report["passed"] and report["max_abs_error_activated"] <= TOLERANCE
@@ -52,6 +57,7 @@ def test_repository_layout_and_verification_report() -> None:
     assert config["pooling_type"] == "MEAN" and config["max_length"] == 256
     encoder_config = parse_config(REPOSITORY / "minilm_encoder" / "config.pbtxt")
     assert encoder_config.backend == "openvino" and encoder_config.input[0].allow_ragged_batch
+    assert [(t.name, list(t.dims)) for t in encoder_config.input][-1] == ("activate", [1])
     assert encoder_config.parameters["HINT_BF16"].string_value == "NO"
 
 
@@ -107,6 +113,13 @@ def test_verification_fails_on_a_wrong_export() -> None:
     with pytest.raises(VerificationError, match="cosine mean"):
         verify(reference, Runner(noisy, "bf16"), tokenizer, config, encoder.input_names, runtime="test",
                precision="bf16")
+
+    # An encoder whose graph ignores ACTIVATE (raw vectors where the ensemble serves unit ones) fails.
+    def never_normalises(feeds):
+        return running(encoder)({**feeds, "activate": np.zeros_like(feeds["activate"])})
+
+    with pytest.raises(VerificationError, match=r"max \|Δ\| activated"):
+        verify(reference, Runner(never_normalises, "fp32"), tokenizer, config, encoder.input_names, runtime="test")
 
     # The wrong pooling (CLS where the model pools the mean) fails too.
     cls = load_encoder(minilm_path(), dataclasses.replace(config, pooling_type=PoolingType.CLS))

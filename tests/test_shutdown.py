@@ -50,7 +50,7 @@ def _minilm_repository(folder: Path, threads: int) -> Path:
     """The default minilm pipeline alone, its encoder on `threads` threads (a slow and a fast server)."""
     import shutil
 
-    for stage in ("minilm", "minilm_tokenizer", "minilm_encoder", "minilm_pooler"):
+    for stage in ("minilm", "minilm_tokenizer", "minilm_encoder"):
         shutil.copytree(REPOSITORY / stage, folder / stage)
     def threaded(message) -> None:
         assert message.parameters["INFERENCE_NUM_THREADS"].string_value == "2"

@@ -168,6 +168,29 @@ def test_run_ragged_equals_one_by_one() -> None:
     assert rounded_stats.computed_tokens == 4 and rounded_stats.real_tokens == 2  # 2 real -> width 4
 
 
+def test_run_ragged_keeps_each_texts_own_row_input() -> None:
+    """ACTIVATE ([n, 1], one value per text) travels with its text through chunks planned by length,
+    unpadded, so requests that ask for raw and for normalised vectors share one batch."""
+    seen = []
+
+    def encoder(feeds):
+        seen.append(feeds["activate"].shape)
+        assert feeds["activate"].shape == (len(feeds["input_ids"]), 1)
+        widths = feeds["attention_mask"].sum(1, keepdims=True).astype(np.float32)
+        return {"pooled": np.where(feeds["activate"] > 0, -widths, widths)}
+
+    ones = np.ones
+    requests = [{"input_ids": ones((n, width), np.int64), "attention_mask": ones((n, width), np.int64),
+                 "activate": np.full((n, 1), flag, dtype=np.int64)}
+                for n, width, flag in [(2, 3, 1), (1, 40, 0), (3, 7, 0), (1, 2, 1)]]
+    merged = run_ragged(requests, sequentially(encoder), set(), {"input_ids": 0}, token_budget=64,
+                        row_inputs=frozenset({"activate"}))
+    for request, out in zip(requests, merged):
+        sign = -1 if request["activate"][0, 0] else 1
+        np.testing.assert_array_equal(out["pooled"], sign * request["attention_mask"].sum(1, keepdims=True))
+    assert len(seen) > 1  # the rows really were split into several chunks
+
+
 # Each layer (a folder of src/pooltriton) and the layers it may import (docs/architecture.md).
 LAYERS = {
     "core": {"core"},
@@ -236,7 +259,8 @@ def test_the_encoder_wrapper_obeys_the_resolved_causal_flag(tmp_path) -> None:
         encoder = load_encoder(folder, dataclasses.replace(config, causal=causal))
         assert encoder.causal is causal
         with torch.no_grad():
-            outputs[causal] = encoder(ids, mask, *([torch.zeros_like(ids)] if len(encoder.input_names) > 2 else []))
+            extra = {"token_type_ids": torch.zeros_like(ids), "activate": torch.zeros(len(ids), 1, dtype=torch.int64)}
+            outputs[causal] = encoder(ids, mask, *(extra[name] for name in encoder.input_names[2:]))
     assert torch.allclose(outputs[True][0], outputs[True][1])  # CLS of a causal model: token 0 sees only itself
     assert not torch.allclose(outputs[False][0], outputs[False][1])
 

@@ -54,6 +54,14 @@ def request_parameters(request: Any) -> dict[str, Any]:
     return json.loads(raw) if raw else {}
 
 
+def use_activation(parameters: dict[str, Any], default: bool) -> bool:
+    """The request's use_activation (vLLM's option), else the model's default; ValueError if not a bool."""
+    enabled = parameters.get("use_activation", default)
+    if not isinstance(enabled, bool):
+        raise ValueError(f"use_activation must be true or false, got {enabled!r}")
+    return enabled
+
+
 def error_response(message: str, code: int | None = None) -> Any:
     """An error for this request only: by default a client error (HTTP 400 / gRPC INVALID_ARGUMENT)."""
     code = pb_utils.TritonError.INVALID_ARG if code is None else code

@@ -123,9 +123,11 @@ def run_ragged(
     single_row_multiple: int = 1,
     max_width: int = 0,
     memory: MemoryModel | None = None,
+    row_inputs: frozenset[str] = frozenset(),
 ) -> list[dict[str, np.ndarray]]:
-    """`requests[i][name]` is [n_i, L_i]; returns per request {output: [n_i, ...]}. `run_chunks` gets
-    every chunk of the batch at once, so a runtime with several streams can run them concurrently.
+    """`requests[i][name]` is [n_i, L_i] (or [n_i, 1] for `row_inputs`: one value per text); returns
+    per request {output: [n_i, ...]}. `run_chunks` gets every chunk of the batch at once, so a runtime
+    with several streams can run them concurrently.
 
     Token-level outputs come back as [n_i, L_i, ...] (the request's own width, padding rows zero).
     A chunk of one row is padded up to a multiple of `single_row_multiple` (at most `max_width`):
@@ -133,13 +135,14 @@ def run_ragged(
     again and again instead of a new one per length (-2 ms per single text, measured).
     """
     names = list(requests[0])
+    tokens = next(name for name in names if name not in row_inputs)
     owner, widths, row_arrays = [], [], {name: [] for name in names}
     lengths = []
     for index, request in enumerate(requests):
         mask = request.get("attention_mask")
-        width = request[names[0]].shape[1]
-        real = mask.sum(axis=1) if mask is not None else np.full(request[names[0]].shape[0], width)
-        for row in range(request[names[0]].shape[0]):
+        width = request[tokens].shape[1]
+        real = mask.sum(axis=1) if mask is not None else np.full(request[tokens].shape[0], width)
+        for row in range(request[tokens].shape[0]):
             owner.append((index, row))
             lengths.append(int(real[row]))
             for name in names:
@@ -153,8 +156,10 @@ def run_ragged(
         width = max(int(lengths_arr[chunk].max()), 1)
         if len(chunk) == 1 and single_row_multiple > 1 and max_width:
             width = min(-(-width // single_row_multiple) * single_row_multiple, max(max_width, width))
-        feeds = {}
+        feeds = {name: np.stack([row_arrays[name][row] for row in chunk]) for name in row_inputs if name in names}
         for name in names:
+            if name in row_inputs:
+                continue
             batch = np.full((len(chunk), width), pad_values.get(name, 0), dtype=row_arrays[name][0].dtype)
             for slot, row in enumerate(chunk):
                 n = min(lengths[row], width)
@@ -164,14 +169,14 @@ def run_ragged(
     for chunk, feeds, outputs in zip(chunks, all_feeds, run_chunks(all_feeds)):
         if stats is not None:
             stats.real_tokens += int(lengths_arr[chunk].sum())
-            stats.computed_tokens += int(feeds[names[0]].size)
+            stats.computed_tokens += int(feeds[tokens].size)
             stats.calls += 1
         for slot, row in enumerate(chunk):
             results[row] = {name: value[slot] for name, value in outputs.items()}
     responses = []
     position = 0
     for index, request in enumerate(requests):
-        count = request[names[0]].shape[0]
+        count = request[tokens].shape[0]
         rows = results[position : position + count]
         position += count
         merged = {}

@@ -42,6 +42,8 @@ class EncoderShim:
         self.output_names = [tensor["name"] for tensor in model.config["output"]]
         # Outputs with a sequence axis ([L, ...] after the batch axis) are cut back per request.
         self.per_token = {t["name"] for t in model.config["output"] if len(t["dims"]) >= 2}
+        # Inputs of one value per text (ACTIVATE) are not padded to the chunk's width.
+        self.row_inputs = frozenset(t["name"] for t in model.config["input"] if [int(d) for d in t["dims"]] == [1])
         parameters = model.stage(EncoderParameters)
         self.pad_values = {INPUT_IDS: parameters.pad_token_id}
         self.stats = RaggedStats()
@@ -78,7 +80,7 @@ class EncoderShim:
         real, computed = self.stats.real_tokens, self.stats.computed_tokens
         outputs = run_ragged([batch[index] for index in runnable], self._run_chunks, self.per_token, self.pad_values,
                              self.stats, token_budget=self.token_budget, single_row_multiple=self.single_row_multiple,
-                             max_width=self.max_width, memory=self.memory)
+                             max_width=self.max_width, memory=self.memory, row_inputs=self.row_inputs)
         real = self.stats.real_tokens - real
         self.counters.add("pooltriton_tokens_total", real)
         self.counters.add("pooltriton_padding_tokens_total", self.stats.computed_tokens - computed - real)

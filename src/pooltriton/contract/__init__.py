@@ -50,6 +50,10 @@ RETRY_AFTER_S = 1
 # ---- the stages between tokenizer, encoder and pooler -----------------------------------------------
 INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS = "input_ids", "attention_mask", "token_type_ids"
 ENCODER_OUTPUT = "pooled"
+# Embed: INT64 [n, 1] from the tokenizer stage, 1 where a text's vector is normalised (the request's
+# use_activation, else the model's default). The encoder graph normalises, so an embed ensemble ends at
+# the encoder: no pooler hop on the path every short query takes.
+ACTIVATE = "activate"
 # The tokenizer stage called on its own (vLLM's /tokenize, /detokenize): request parameter "mode".
 TOKENIZE, DETOKENIZE = "tokenize", "detokenize"
 DETOKENIZED = "DETOKENIZED"  # BYTES [n, 1], the text of each row of ids (mode detokenize)

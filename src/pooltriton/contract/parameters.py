@@ -69,6 +69,7 @@ class TokenizerParameters(StageParameters):
     pad_to_buckets: tuple[int, ...] | None = None  # batching "buckets": pad to these lengths
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts by name
     default_prompt_name: str | None = None
+    use_activation: bool = True  # ACTIVATE where a request does not say (embed: the model's Normalize)
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,10 @@ Layout (it mirrors the data flow, like a sentence-transformers folder mirrors it
                                pooler_config.json = the resolved configuration
     <out>/<name>_tokenizer/    backend "tokenizer"; 1/tokenizer.json
     <out>/<name>_encoder/      backend "onnxruntime" (1/model.onnx) or "pytorch" (1/model.pt), pooling
-                               (and head) inside; verification.json = measured error vs PyTorch
-    <out>/<name>_pooler/       backend "pooler": activation, and real-token selection for token tasks
+                               (and head) inside, and for embed the normalisation (ACTIVATE, per text);
+                               verification.json = measured error vs the user's library
+    <out>/<name>_pooler/       backend "pooler" (not for embed): activation, and real-token selection
+                               for token tasks
     <out>/<name>_score/        backend "scorer" (only for models that can score): bi-encoder cosine,
                                late-interaction MaxSim or cross-encoder, over QUERY / DOCUMENTS
 """
@@ -23,6 +25,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from pooltriton.contract import (
+    ACTIVATE,
     ATTENTION_MASK,
     BI_ENCODER,
     CROSS_ENCODER,
@@ -360,7 +363,9 @@ def pipeline_configs(
     queue = QueuePolicy(options.queue_size, options.queue_timeout_ms * 1000)
     models = [_tokenizer_config(names.tokenizer, options, config, tensors, pad_token_id, queue),
               _encoder_config(names.encoder, options, config, tensors, pad_token_id, memory, queue),
-              ModelConfig(name=names.pooler, backend="pooler", max_batch_size=MAX_BATCH_SIZE,
+              _ensemble_config(names, options, config, tensors)]
+    if not _activates_in_graph(tensors):
+        models.insert(2, ModelConfig(name=names.pooler, backend="pooler", max_batch_size=MAX_BATCH_SIZE,
                           inputs=[tensors.pooled] + [Tensor(n, "TYPE_INT64", (-1,)) for n in pooler_extra],
                           outputs=tensors.public_outputs,
                           dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, queue=queue),
@@ -368,8 +373,7 @@ def pipeline_configs(
                               task=config.task.value, activation=config.activation.value,
                               use_activation=config.use_activation,
                               step_tag_id=config.step_tag_id if config.pooling_type is PoolingType.STEP else None,
-                          ).to_parameters()),
-              _ensemble_config(names, options, config, tensors)]
+                          ).to_parameters()))
     mode = score_mode(config)
     if mode is not None:
         models.append(ModelConfig(
@@ -383,16 +387,27 @@ def pipeline_configs(
     return models
 
 
+def _activates_in_graph(tensors: _Tensors) -> bool:
+    """An embed encoder normalises in its graph (ACTIVATE): its ensemble ends there, with no pooler."""
+    return ACTIVATE in tensors.encoder_inputs
+
+
+def _token_tensor(name: str, ragged: bool = False) -> Tensor:
+    """A tensor the tokenizer hands the encoder: one value per token, or ACTIVATE's one per text."""
+    return Tensor(name, "TYPE_INT64", (1,) if name == ACTIVATE else (-1,), allow_ragged_batch=ragged)
+
+
 def _tokenizer_config(name: str, options: ExportOptions, config: PoolerConfig, tensors: _Tensors,
                       pad_token_id: int, queue: QueuePolicy) -> ModelConfig:
     ragged = options.batching == "ragged"
     parameters = TokenizerParameters(
         max_length=config.max_length, pad_token_id=pad_token_id, outputs=tuple(tensors.token_outputs),
         pad_to_buckets=None if ragged else (*(b for b in BUCKETS if b < config.max_length), config.max_length),
-        prompts=dict(config.prompts), default_prompt_name=config.default_prompt_name if config.prompts else None)
+        prompts=dict(config.prompts), default_prompt_name=config.default_prompt_name if config.prompts else None,
+        use_activation=config.use_activation)
     return ModelConfig(
         name=name, backend="tokenizer", max_batch_size=MAX_BATCH_SIZE, inputs=tensors.text_inputs,
-        outputs=[*(Tensor(n, "TYPE_INT64", (-1,)) for n in tensors.token_outputs), tensors.prompt_tokens,
+        outputs=[*(_token_tensor(n) for n in tensors.token_outputs), tensors.prompt_tokens,
                  Tensor(DETOKENIZED, "TYPE_STRING", (1,))],
         # No queue delay (here and on the encoder): under load requests queue while the encoder runs
         # anyway, and when idle a delay is pure latency on a single text (docs/performance.md).
@@ -413,7 +428,7 @@ def _encoder_config(name: str, options: ExportOptions, config: PoolerConfig, ten
     return ModelConfig(
         name=name, backend=runtime.backend, default_model_filename=runtime.artefact(options.precision),
         max_batch_size=MAX_BATCH_SIZE,
-        inputs=[Tensor(n, "TYPE_INT64", (-1,), allow_ragged_batch=ragged) for n in tensors.encoder_inputs],
+        inputs=[_token_tensor(n, ragged) for n in tensors.encoder_inputs],
         outputs=[tensors.pooled],
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS, queue=queue),
         instance_kind="KIND_GPU" if options.device == CUDA else "KIND_CPU",
@@ -428,17 +443,19 @@ def _ensemble_config(names: Stages, options: ExportOptions, config: PoolerConfig
         task=config.task.value, max_length=config.max_length, labels=tuple(config.labels) if config.labels else None,
         matryoshka_dimensions=tuple(sorted(options.matryoshka_dimensions)) or None)
     encoder_output = tensors.pooled.name
+    steps = [EnsembleStep(names.tokenizer, {TEXT: TEXT, TEXT_PAIR: TEXT_PAIR},
+                          {n: n for n in (*tensors.token_outputs, PROMPT_TOKENS)})]
+    if _activates_in_graph(tensors):
+        steps.append(EnsembleStep(names.encoder, {n: n for n in tensors.encoder_inputs},
+                                  {encoder_output: tensors.output.name}))
+    else:
+        steps += [EnsembleStep(names.encoder, {n: n for n in tensors.encoder_inputs}, {encoder_output: encoder_output}),
+                  EnsembleStep(names.pooler, {n: n for n in (encoder_output, *tensors.pooler_extra)},
+                               {t.name: t.name for t in tensors.public_outputs})]
     return ModelConfig(
         name=names.ensemble, platform="ensemble", max_batch_size=MAX_BATCH_SIZE, inputs=tensors.text_inputs,
         outputs=[*tensors.public_outputs, tensors.prompt_tokens], parameters=parameters.to_parameters(),
-        ensemble_steps=[
-            EnsembleStep(names.tokenizer, {TEXT: TEXT, TEXT_PAIR: TEXT_PAIR},
-                         {n: n for n in (*tensors.token_outputs, PROMPT_TOKENS)}),
-            EnsembleStep(names.encoder, {n: n for n in tensors.encoder_inputs}, {encoder_output: encoder_output}),
-            EnsembleStep(names.pooler, {n: n for n in (encoder_output, *tensors.pooler_extra)},
-                         {t.name: t.name for t in tensors.public_outputs}),
-        ],
-    )
+        ensemble_steps=steps)
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -17,9 +17,9 @@ from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
-from pooltriton.contract import ENCODER_OUTPUT
+from pooltriton.contract import ACTIVATE, ENCODER_OUTPUT
 from pooltriton.core.resolve import PoolerConfig, ResolutionError
-from pooltriton.core.semantics import PoolingType, Task
+from pooltriton.core.semantics import Activation, PoolingType, Task
 from pooltriton.export.pooling import get_pooler
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -32,7 +32,9 @@ class PoolingEncoder(nn.Module):
         self.network = network
         self.pool = get_pooler(config.pooling_type) if not returns_logits or config.task.per_token else None
         self.head = head
-        self.input_names = input_names
+        # Embed normalises inside the graph, per text as ACTIVATE says (the ensemble needs no pooler).
+        self.activates = config.task is Task.EMBED and config.activation is Activation.NORMALIZE
+        self.input_names = (*input_names, ACTIVATE) if self.activates else input_names
         self.causal = causal
         self.sliding_window = config.sliding_window
         self.plain_mask = config.plain_mask
@@ -73,8 +75,11 @@ class PoolingEncoder(nn.Module):
         self.compute_dtype = DTYPES[precision]
         return self.to(device=device, dtype=self.compute_dtype)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
+        """`extra`: token_type_ids and ACTIVATE where `input_names` has them, in that order (without
+        ACTIVATE: raw vectors)."""
+        named = dict(zip(self.input_names[2:], extra))
+        token_type_ids = named.get("token_type_ids")
         kwargs: dict[str, object] = {"input_ids": input_ids, "attention_mask": self.masks(attention_mask)}
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids
@@ -88,7 +93,11 @@ class PoolingEncoder(nn.Module):
             return output.logits.float()
         states = output.last_hidden_state
         pooled = self.pool(states, attention_mask) if self.pool is not None else states
-        return (self.head(pooled) if self.head is not None else pooled).float()
+        vectors = (self.head(pooled) if self.head is not None else pooled).float()
+        if ACTIVATE not in named:
+            return vectors
+        # torch's normalize (sentence-transformers' Normalize, eps 1e-12), where the text asks for it.
+        return torch.where(named[ACTIVATE] > 0, nn.functional.normalize(vectors, dim=-1), vectors)
 
 
 def load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: bool = False,
@@ -228,7 +237,8 @@ def sample_inputs(encoder: PoolingEncoder, batch: int = 2, length: int = 8,
     ids = torch.full((batch, length), 5, dtype=torch.int64, device=device)
     mask = torch.ones_like(ids)
     mask[-1, length // 2 :] = 0
-    by_name = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    by_name = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids),
+               ACTIVATE: torch.arange(batch, dtype=torch.int64, device=device).remainder(2).reshape(batch, 1)}
     return tuple(by_name[name] for name in encoder.input_names)
 
 
@@ -240,7 +250,9 @@ def export_onnx(encoder: PoolingEncoder, path: Path, max_length: int) -> None:
     """
     batch = torch.export.Dim("batch", min=1, max=4096)
     sequence = torch.export.Dim("sequence", min=1, max=max(max_length, 2))
-    dynamic = {name: {0: batch, 1: sequence} for name in encoder.input_names}
+    # forward's structure: (input_ids, attention_mask, (the extra inputs)); ACTIVATE has no sequence axis.
+    specs = [{0: batch} if name == ACTIVATE else {0: batch, 1: sequence} for name in encoder.input_names]
+    dynamic = (specs[0], specs[1], tuple(specs[2:])) if len(specs) > 2 else (specs[0], specs[1])
     path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")

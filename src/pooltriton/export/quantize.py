@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pooltriton.contract import ACTIVATE
 from pooltriton.core.runtimes import INT8, MIN_COSINE_MULTIPLE, TOLERANCES
 from pooltriton.core.semantics import Truncation
 from pooltriton.core.tokenization import TextTokenizer
@@ -48,9 +49,12 @@ def encoder_feeds(tokenizer: TextTokenizer, texts: list[str] | tuple[str, ...],
     return batch_feeds(tokenizer(list(texts), Truncation.END), input_names)
 
 
-def batch_feeds(batch, input_names: tuple[str, ...]) -> dict[str, np.ndarray]:
+def batch_feeds(batch, input_names: tuple[str, ...], activate: bool = False) -> dict[str, np.ndarray]:
+    """The encoder's inputs for a tokenized batch; `activate`: ACTIVATE for every text (raw vectors
+    otherwise, what the references compute)."""
     feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-             "token_type_ids": batch.token_type_ids}
+             "token_type_ids": batch.token_type_ids,
+             ACTIVATE: np.full((len(batch.input_ids), 1), int(activate), dtype=np.int64)}
     return {name: feeds[name] for name in input_names}
 
 

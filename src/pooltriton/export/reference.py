@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pooltriton.contract import ACTIVATE
 from pooltriton.core.resolve import SENTENCE_TRANSFORMERS, PoolerConfig
 from pooltriton.core.semantics import PoolingType, Task
 
@@ -46,7 +47,9 @@ class Reference:
         module = self._module(dtype)
         answers = []
         for row in range(mask.shape[0]):
-            inputs = {name: torch.from_numpy(values[row][mask[row]][None]) for name, values in feeds.items()}
+            # Token tensors only: the reference answers raw vectors (ACTIVATE is the export's own input).
+            inputs = {name: torch.from_numpy(values[row][mask[row]][None]) for name, values in feeds.items()
+                      if name != ACTIVATE}
             with torch.no_grad():
                 answers.append(self._compute(module, inputs).to(torch.float64).numpy())
         return answers

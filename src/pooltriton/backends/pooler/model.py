@@ -1,4 +1,5 @@
-"""Pooler/activation stage: the encoder's output -> the public answer.
+"""Pooler/activation stage: the encoder's output -> the public answer (classification and token tasks;
+an embed encoder normalises in its own graph and its ensemble has no pooler).
 
 Sequence tasks: [n, C] -> activation (normalise / softmax / sigmoid / identity) -> [n, C].
 Token tasks: [n, L, C] -> each text's real tokens (STEP: only its step-tag positions), activated,
@@ -11,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from pooltriton.backends.common import ModelArgs, error_response, input_array, request_parameters
+from pooltriton.backends.common import ModelArgs, error_response, input_array, request_parameters, use_activation
 from pooltriton.contract import ATTENTION_MASK, ENCODER_OUTPUT, INPUT_IDS, OUTPUT_NAMES, TOKEN_COUNTS
 from pooltriton.contract.parameters import PoolerParameters
 from pooltriton.core.activation import apply_activation
@@ -40,9 +41,10 @@ class TritonPythonModel:
     def execute(self, requests: list) -> list:
         responses = []
         for request in requests:
-            enabled = request_parameters(request).get("use_activation", self.use_activation)
-            if not isinstance(enabled, bool):
-                responses.append(error_response(f"use_activation must be true or false, got {enabled!r}"))
+            try:
+                enabled = use_activation(request_parameters(request), self.use_activation)
+            except ValueError as error:
+                responses.append(error_response(str(error)))
                 continue
             values = input_array(request, ENCODER_OUTPUT)
             tensors = []

@@ -3,7 +3,8 @@ and PROMPT_TOKENS (tokens per text after truncation, for usage).
 
 Each request is padded to its own longest text (or to a bucket length); the encoder batches the
 ragged results. Per-request parameters: "truncate": NONE (default: reject over-length), END, START;
-"max_tokens": a lower limit than the model's (vLLM's truncate_prompt_tokens). Called on its own,
+"max_tokens": a lower limit than the model's (vLLM's truncate_prompt_tokens); "use_activation" becomes
+ACTIVATE for an embed encoder, which normalises in its graph. Called on its own,
 "mode" "tokenize" (with "add_special_tokens") returns a text's ids untruncated, and "detokenize"
 (TEXT items are JSON lists of ids, optional "skip_special_tokens") returns DETOKENIZED texts.
 """
@@ -23,8 +24,10 @@ from pooltriton.backends.common import (
     input_array,
     request_parameters,
     skip_cancelled,
+    use_activation,
 )
 from pooltriton.contract import (
+    ACTIVATE,
     ATTENTION_MASK,
     DETOKENIZE,
     DETOKENIZED,
@@ -51,6 +54,7 @@ class TritonPythonModel:
         self.buckets = None if parameters.pad_to_buckets is None else list(parameters.pad_to_buckets)
         self.prompts = parameters.prompts
         self.default_prompt = parameters.default_prompt_name
+        self.use_activation = parameters.use_activation
         self.counters = Counters(model.name, ("pooltriton_truncations_total", CANCELLED))
 
     def finalize(self) -> None:
@@ -63,9 +67,11 @@ class TritonPythonModel:
         # Per request: an InputError, finished encodings (token-id input), or texts to encode; all text
         # requests then share one encode_batch call.
         parsed: list = []
+        activate: list[bool] = []  # per request (ACTIVATE, read by an embed encoder)
         for request in requests:
             try:
                 parameters = request_parameters(request)
+                activate.append(use_activation(parameters, self.use_activation))
                 texts = decode_texts(input_array(request, TEXT))
                 mode = parameters.get("mode")
                 if mode == DETOKENIZE:
@@ -87,9 +93,10 @@ class TritonPythonModel:
                 parsed.append([[prompt + t for t in texts] if prompt else texts, pairs, truncation, limit])
             except (InputError, ValueError) as error:
                 parsed.append(InputError(str(error)))
+            activate += [False] * (len(parsed) - len(activate))
         encoded = iter(self.tokenizer.encode_requests([tuple(p) for p in parsed if isinstance(p, list)]))
         responses = []
-        for item in parsed:
+        for item, activated in zip(parsed, activate, strict=True):
             result = next(encoded) if isinstance(item, list) else item
             if isinstance(result, pb_utils.InferenceResponse):
                 responses.append(result)
@@ -99,7 +106,7 @@ class TritonPythonModel:
                 continue
             encodings, truncated = result
             self.counters.add("pooltriton_truncations_total", truncated)
-            responses.append(self._response(encodings))
+            responses.append(self._response(encodings, activated))
         return responses
 
     def _prompt(self, name: object) -> str:
@@ -111,9 +118,10 @@ class TritonPythonModel:
             raise InputError(f"unknown prompt_name {name!r}: this model's prompts are {known}")
         return self.prompts[name]
 
-    def _response(self, encodings: list) -> object:
+    def _response(self, encodings: list, activate: bool) -> object:
         ids, mask, types, lengths = self.tokenizer.pad(encodings, self.buckets)
-        arrays = {INPUT_IDS: ids, ATTENTION_MASK: mask, TOKEN_TYPE_IDS: types, PROMPT_TOKENS: lengths.reshape(-1, 1)}
+        arrays = {INPUT_IDS: ids, ATTENTION_MASK: mask, TOKEN_TYPE_IDS: types, PROMPT_TOKENS: lengths.reshape(-1, 1),
+                  ACTIVATE: np.full((len(ids), 1), int(activate), dtype=np.int64)}
         return pb_utils.InferenceResponse([pb_utils.Tensor(n, np.ascontiguousarray(arrays[n]))
                                            for n in (*self.outputs, PROMPT_TOKENS)])
 
