@@ -2,7 +2,7 @@
 
     python -m pooltriton.client.bench [--texts 2000] [--out bench_results]
 
-B = `tokenizers` + ONNX Runtime on the exported MiniLM graph (pooling inside, normalisation after),
+B = `tokenizers` + ONNX Runtime on the exported MiniLM graph (pooling and normalisation inside),
 batches of 32 texts sorted by length, 2 intra-op threads. The served path is measured through a
 real tritonserver (started here unless --grpc-url is given) with tritonclient's asyncio gRPC
 client: `concurrency` clients each sending requests of `batch` texts. Prints a table, writes JSON

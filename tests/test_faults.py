@@ -1,4 +1,4 @@
-"""Self-healing under load: kill a stage's stub by PID (tokenizer, encoder, pooler, scorer); readiness
+"""Self-healing under load: kill a stage's stub by PID (tokenizer, encoder, scorer); readiness
 goes false, the supervisor brings the stage back without manual action, answers are exact again, and
 every request sent meanwhile got an answer or a definite error. Bounded in count and time."""
 
