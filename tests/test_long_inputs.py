@@ -54,11 +54,12 @@ def long_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(long_model: Path, tmp_path_factory: pytest.TempPathFactory):
     repository = tmp_path_factory.mktemp("long_repository")
-    # Exported by the CLI in a process of its own: verifying 8k-token texts in fp64 peaks at ~10 GiB,
+    # Exported by the CLI in a process of its own: verifying 8k-token texts peaks at ~17 GB,
     # which a long-lived test process would keep (the allocator does not give it back).
     for name, extra in ((NAME, []), (SMALL, ["--memory-budget-mb", "1024"])):
         done = subprocess.run([sys.executable, "-m", "pooltriton.cli", "export", str(long_model), "--name", name,
-                               "--out", str(repository), "--runtime", "onnx", *extra], capture_output=True, text=True)
+                               "--out", str(repository), "--runtime", "onnx", *extra], capture_output=True, text=True,
+                              timeout=1200)
         assert done.returncode == 0, done.stderr[-3000:]
     server = start_server(repository, repository / "server.log")
     yield server
