@@ -537,10 +537,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline-s", type=float, default=QUEUE_TIMEOUT_MS / 1000,
                         help="the overload gateway's admission deadline (default: Triton's queue timeout)")
     parser.add_argument("--models", help="comma-separated served ensembles (MiniLM exports), each measured "
-                        "against B (default: minilm, and minilm_bf16 where this CPU runs bf16)")
+                        "against B (default: minilm, and minilm_bf16 / minilm_int8 where this CPU runs them)")
     args = parser.parse_args(argv)
     capabilities = detect()
-    models = args.models or ",".join(m for m in ("minilm", "minilm_bf16") if m in exported_defaults(capabilities))
+    exported = exported_defaults(capabilities)
+    models = args.models or ",".join(m for m in ("minilm", "minilm_bf16", "minilm_int8") if m in exported)
     print(capabilities.report(), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

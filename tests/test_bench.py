@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from pooltriton.core.capabilities import detect
+from pooltriton.export.defaults import exported_defaults
 
 from conftest import REPOSITORY
 
@@ -28,13 +29,14 @@ def test_benchmark_end_to_end(tmp_path) -> None:
     assert "x B" in result.stdout and "Triton minilm, 2 clients x 32" in result.stdout
     # The header says what this CPU runs; bf16 is measured where the CPU runs it, and only there.
     capabilities = detect()
-    # Sizing is printed for the last model measured: minilm_bf16 where the CPU runs bf16, else minilm.
-    sized = "minilm_bf16" if capabilities.bf16 else "minilm"
+    # Every MiniLM export this CPU runs is measured; sizing is printed for the last one.
+    models = [m for m in ("minilm", "minilm_bf16", "minilm_int8") if m in exported_defaults(capabilities)]
+    sized = models[-1]
     assert re.search(rf"queue sizing \({sized}, 32-text requests\): [\d.]+ requests/s x 30 s timeout -> "
                      r"at most --queue-size \d+", result.stdout), result.stdout
     assert f"({capabilities.cpu_class})" in result.stdout and "--precision auto (openvino) on this CPU" in result.stdout
-    models = ["minilm", "minilm_bf16"] if capabilities.bf16 else ["minilm"]
     assert ("Triton minilm_bf16, 2 clients x 32" in result.stdout) == capabilities.bf16
+    assert ("Triton minilm_int8, 2 clients x 32" in result.stdout) == capabilities.vnni
     data = json.loads((out / "bench.json").read_text())
     assert {"baseline_sorted", "baseline_corpus_order", "served", "served_short", "served_latency",
             "peak_rss_mb"} <= set(data)

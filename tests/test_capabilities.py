@@ -98,7 +98,9 @@ def test_int8_is_verified_and_served_from_openvino_ir(tiny_embedder: Path, tmp_p
     encoder = tmp_path / "x_encoder"
     report = json.loads((encoder / "verification.json").read_text())
     assert report["precision"] == report["executed_precision"] == "int8" and report["passed"]
-    assert report["retrieval"]["queries"] == 200 and report["quantization"]["calibration_texts"] == 300
+    quantization = report["quantization"]
+    assert report["retrieval"]["queries"] == 200 and quantization["validation_texts"] == 100
+    assert quantization["int8_products"] + len(quantization["restored_to_fp32"]) == quantization["products"] > 0
     assert sorted(p.name for p in (encoder / "1").iterdir()) == ["model.bin", "model.xml"]
     texts = ["one two three", "a query about the python language", "the model reads text"]
     server = start_server(tmp_path, tmp_path / "server.log")
@@ -126,6 +128,10 @@ def test_default_models_follow_the_cpu() -> None:
     assert exported_defaults(BF16) == [model.name for model in DEFAULT_MODELS]
     bf16_model = next(model for model in DEFAULT_MODELS if model.name == "minilm_bf16")
     assert "does not run bf16 natively" in bf16_model.unsupported(AVX2) and bf16_model.unsupported(AMX) is None
+    int8_model = next(model for model in DEFAULT_MODELS if model.name == "minilm_int8")
+    assert "does not run int8 natively" in int8_model.unsupported(AVX2) and int8_model.unsupported(AMX) is None
+    assert exported_defaults(detect("avx2 fma avx512f avx512_bf16")) == [
+        "minilm", "minilm_bf16", "minilm_tokens", "rampart"]  # bf16 without VNNI: no int8
 
 
 def test_the_default_repository_has_what_this_cpu_runs() -> None:

@@ -21,6 +21,7 @@ from pooltriton.export.build import ExportOptions, export_model
 from pooltriton.export.corpus import corpus, sentences
 from pooltriton.export.defaults import minilm_path
 from pooltriton.export.encoder import load_encoder
+from pooltriton.export.quantize import control_accuracy, restore_steps
 from pooltriton.export.reference import load_reference
 from pooltriton.export.verify import (
     MEAN_COSINE,
@@ -71,6 +72,35 @@ def test_reduced_precision_export_records_cosine_within_its_bound() -> None:
     assert report["mean_cosine"] < 0.999999 and report["max_abs_error_activated"] > 1e-5
     config = parse_config(REPOSITORY / "minilm_bf16_encoder" / "config.pbtxt")
     assert config.parameters["HINT_BF16"].string_value == "YES"
+
+
+@pytest.mark.skipif(not detect().vnni, reason="this CPU has no VNNI/AMX, so minilm_int8 is not exported here "
+                    "(test_capabilities covers that branch)")
+def test_int8_export_meets_its_bounds_and_runs_in_int8() -> None:
+    encoder = REPOSITORY / "minilm_int8_encoder"
+    report = json.loads((encoder / "verification.json").read_text())
+    assert report["precision"] == report["executed_precision"] == "int8" and report["passed"]
+    assert report["mean_cosine"] >= 0.999 and report["min_cosine"] >= 0.995
+    assert report["retrieval"]["agreement"] >= 0.95 and report["retrieval"]["queries"] == 200
+    assert report["mean_cosine"] < 0.99999  # really quantized: fp32 agrees to ~1e-7
+    assert report["quantization"]["int8_products"] > report["quantization"]["products"] / 2
+    config = parse_config(encoder / "config.pbtxt")
+    assert config.parameters["DYNAMIC_QUANTIZATION_GROUP_SIZE"].string_value == "32"
+    assert sorted(p.name for p in (encoder / "1").iterdir()) == ["model.bin", "model.xml"]
+
+
+def test_int8_accuracy_control_returns_the_most_harmful_products_to_fp32() -> None:
+    """Ranked by the loss each product causes alone, returned in growing steps until the metric is
+    within the tolerance, or at most half of them (then verification refuses the model)."""
+    assert restore_steps(36) == [1, 2, 4, 8, 16, 18] and restore_steps(2) == [1] and restore_steps(1) == []
+    harm = {"a": 0.0, "b": 0.004, "c": 0.0001, "d": 0.002}  # each product's own cosine loss
+
+    def measure(kept, count):
+        return np.full(count or 10, 1 - sum(loss for name, loss in harm.items() if name not in kept))
+
+    assert control_accuracy(list(harm), measure, 0.01) == ()
+    assert control_accuracy(list(harm), measure, 0.001) == ("b", "d")
+    assert control_accuracy(list(harm), measure, 1e-5) == ("b", "d")  # the most it may: verification decides
 
 
 def test_export_refuses_a_precision_the_runtime_cannot_serve(tmp_path) -> None:

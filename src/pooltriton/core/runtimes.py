@@ -18,6 +18,11 @@ CPU, CUDA = "cpu", "cuda"
 TOLERANCES = {FP32: 1e-5, BF16: 0.005, FP16: 0.005, INT8: 0.001}
 # The minimum cosine of a reduced precision is 1 - this x its tolerance.
 MIN_COSINE_MULTIPLE = {BF16: 4, FP16: 4, INT8: 5}
+# int8 on OpenVINO's CPU plugin: int8 weights, and activations quantized at run time per group of this
+# many input channels (VNNI/AMX products). 32 is the plugin's default, pinned so a release that changes
+# it cannot change what verification measured (docs/performance.md: larger groups lose accuracy).
+INT8_ACTIVATION_GROUP = 32
+DYNAMIC_QUANTIZATION = "DYNAMIC_QUANTIZATION_GROUP_SIZE"
 
 
 # The native onnxruntime and pytorch backends' thread parameter (written here, read by their shims).
@@ -42,8 +47,11 @@ class Runtime:
             # bf16 on 2 cores: two one-thread streams +15 % over one two-thread stream; fp32: no gain
             # (docs/performance.md). The shim keeps a one-stream compilation for single requests.
             streams = min(2, threads) if precision == BF16 and threads > 1 else 1
-            return {"INFERENCE_NUM_THREADS": str(threads), "NUM_STREAMS": str(streams),
-                    "PERFORMANCE_HINT": "LATENCY", "HINT_BF16": "YES" if precision == BF16 else "NO"}
+            parameters = {"INFERENCE_NUM_THREADS": str(threads), "NUM_STREAMS": str(streams),
+                          "PERFORMANCE_HINT": "LATENCY", "HINT_BF16": "YES" if precision == BF16 else "NO"}
+            if precision == INT8:
+                parameters[DYNAMIC_QUANTIZATION] = str(INT8_ACTIVATION_GROUP)
+            return parameters
         # onnxruntime and pytorch share this key; TorchScript weights already carry their dtype.
         return {INTRA_OP_THREADS: str(threads)}
 
@@ -70,6 +78,9 @@ def openvino_properties(parameter: Callable[[str, Any], Any]) -> dict[str, objec
         properties["INFERENCE_NUM_THREADS"] = threads
     bf16 = str(parameter("HINT_BF16", "NO")).upper() == "YES"
     properties["INFERENCE_PRECISION_HINT"] = "bf16" if bf16 else "f32"
+    group = parameter(DYNAMIC_QUANTIZATION, None)
+    if group is not None:
+        properties[DYNAMIC_QUANTIZATION] = int(group)
     return properties
 
 
@@ -89,13 +100,18 @@ def openvino_precision(compiled: Any) -> str:
 
 
 def openvino_int8_products(compiled: Any) -> tuple[int, int]:
-    """(matrix products the CPU plugin runs in int8, all matrix products) of a compiled model."""
+    """(matrix products the CPU plugin runs in int8, all matrix products) of a compiled model: those
+    whose activations arrive in 8 bits (a statically quantized graph), or whose weights are 8-bit while
+    the plugin quantizes activations at run time. int8 weights alone are decompressed to float: no
+    faster, so they do not count."""
+    dynamic = int(compiled.get_property(DYNAMIC_QUANTIZATION)) > 0
     int8 = products = 0
     for op in compiled.get_runtime_model().get_ordered_ops():
         info = op.get_rt_info()
         if info["layerType"].astype(str) in ("FullyConnected", "MatMul", "Convolution"):
             products += 1
-            int8 += info["runtimePrecision"].astype(str) in ("u8", "i8")
+            types = [op.input(i).get_element_type().get_type_name() for i in range(min(2, op.get_input_size()))]
+            int8 += types[0] in ("u8", "i8") or (dynamic and types[-1] in ("u8", "i8"))
     return int8, products
 
 

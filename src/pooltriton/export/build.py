@@ -269,7 +269,8 @@ def _export_encoder(model_dir: Path, encoder, config: PoolerConfig, tokenizer, o
             from pooltriton.export.quantize import quantize_openvino
 
             texts = corpus()
-            progress(f"quantizing to int8 (NNCF, calibrated on {texts.source}, with accuracy control)")
+            progress(f"quantizing to int8 (NNCF int8 weights, activations at run time; accuracy control on "
+                     f"{texts.source})")
             quantization = quantize_openvino(exported, artefact, tokenizer, encoder.input_names, texts,
                                              options.tolerance or TOLERANCES[INT8])
             exported.unlink()

@@ -1,12 +1,13 @@
-"""Real English text that every Python installation ships, for int8 calibration and its retrieval check.
+"""Real English text that every Python installation ships, for int8's accuracy control and retrieval check.
 
-Quantization must be calibrated on the kind of text the model reads, and its retrieval check needs
+Quantization must be measured on the kind of text the model reads, and its retrieval check needs
 real sentences (random words make neighbours near-ties, so any noise reorders them). With no model hub
 or dataset download here, the source is the standard library's `pydoc_data.topics`: the Python
 language reference's prose (~1,400 distinct sentences after dropping code). It is split once, by a
-fixed seed, into disjoint parts: calibration (statistics of activations), validation (what NNCF's
-accuracy control measures while it restores layers), and documents and queries for the check that
-the export has to pass afterwards, so the check never sees text the quantization was tuned on.
+fixed seed, into disjoint parts: calibration (activation statistics for static quantization; the
+shipped int8 takes its scales at run time and leaves it unused), validation (what accuracy control
+measures while it returns products to fp32), and documents and queries for the check that the export
+has to pass afterwards, so the check never sees text the quantization was tuned on.
 """
 
 from __future__ import annotations

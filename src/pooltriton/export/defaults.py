@@ -64,11 +64,13 @@ class DefaultModel:
 
 
 # OpenVINO compiles the same model.onnx ~1.25x faster than ONNX Runtime on x86 CPUs (issue 5's
-# benchmark). minilm_bf16 is the reduced-precision option, verified by cosine against fp32, and exported
-# only where the CPU runs bf16 (AVX512-BF16 / AMX): elsewhere OpenVINO would silently run it in fp32.
+# benchmark). minilm_bf16 and minilm_int8 are the reduced-precision options, verified by cosine against
+# fp32 (int8 also by retrieval neighbours), and exported only where the CPU runs them natively
+# (AVX512-BF16 / AMX; VNNI / AMX for int8): elsewhere they would run in fp32 or be emulated.
 DEFAULT_MODELS = (
     DefaultModel("minilm", minilm_path, {"task": "embed", "runtime": "openvino"}),
     DefaultModel("minilm_bf16", minilm_path, {"task": "embed", "runtime": "openvino", "precision": "bf16"}),
+    DefaultModel("minilm_int8", minilm_path, {"task": "embed", "runtime": "openvino", "precision": "int8"}),
     DefaultModel("minilm_tokens", minilm_path, {"task": "token_embed", "runtime": "openvino"}),
     DefaultModel("rampart", rampart_path, {"task": "token_classify", "runtime": "openvino"}),
 )
