@@ -146,6 +146,8 @@ def test_stage_load_warning_both_branches() -> None:
     assert "computes it in fp32" in load_warning("bf16", "fp32", AVX2)
     assert "emulated" in load_warning("bf16", "bf16", AVX2)
     assert load_warning("bf16", "bf16", BF16) is None and load_warning("fp32", "fp32", AVX2) is None
+    # an int8 repository built on a VNNI host and served on one without: said at load, not silent
+    assert "emulated" in load_warning("int8", "int8", AVX2) and load_warning("int8", "int8", VNNI) is None
 
 
 def test_capabilities_command(capsys) -> None:
