@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.bench import MINILM_MODELS
 from pooltriton.core.capabilities import detect
 from pooltriton.export.defaults import exported_defaults
 
@@ -30,7 +31,7 @@ def test_benchmark_end_to_end(tmp_path) -> None:
     # The header says what this CPU runs; bf16 is measured where the CPU runs it, and only there.
     capabilities = detect()
     # Every MiniLM export this CPU runs is measured; sizing is printed for the last one.
-    models = [m for m in ("minilm", "minilm_bf16", "minilm_int8") if m in exported_defaults(capabilities)]
+    models = [m for m in MINILM_MODELS if m in exported_defaults(capabilities)]
     sized = models[-1]
     assert re.search(rf"queue sizing \({sized}, 32-text requests\): [\d.]+ requests/s x 30 s timeout -> "
                      r"at most --queue-size \d+", result.stdout), result.stdout

@@ -134,10 +134,11 @@ def quantize_openvino(onnx_file: Path, target: Path, tokenizer: TextTokenizer, i
     properties = openvino_properties(RUNTIMES["openvino"].parameters(threads=0, precision=INT8).get)
     # One text per item, as single requests run (no padding in the measurement).
     validation = [encoder_feeds(tokenizer, [text], input_names) for text in texts.validation]
-    fp32 = core.compile_model(core.read_model(str(onnx_file)), "CPU", {**properties, "INFERENCE_PRECISION_HINT": "f32"})
+    model = core.read_model(str(onnx_file))
+    fp32 = core.compile_model(model, "CPU", properties)  # f32 (its weights are not int8: nothing quantized)
     expected = [np.array(fp32(feeds)[0]) for feeds in validation]
 
-    def compress(kept: Sequence[str]):
+    def compress(kept: Sequence[str]):  # from a fresh read: NNCF rewrites the model it is given
         ignored = nncf.IgnoredScope(names=list(kept)) if kept else None
         return nncf.compress_weights(core.read_model(str(onnx_file)), mode=nncf.CompressWeightsMode.INT8_ASYM,
                                      ignored_scope=ignored)
@@ -147,7 +148,7 @@ def quantize_openvino(onnx_file: Path, target: Path, tokenizer: TextTokenizer, i
         return np.concatenate([row_cosines(np.array(compiled(feeds)[0]), expected[i])
                                for i, feeds in enumerate(validation[:count])])
 
-    products = weight_products(core.read_model(str(onnx_file)))
+    products = weight_products(model)
     kept = control_accuracy(products, measure, tolerance)
     target.parent.mkdir(parents=True, exist_ok=True)
     ov.save_model(compress(kept), str(target), compress_to_fp16=False)
