@@ -238,3 +238,40 @@ def test_committed_openapi_document_is_current(http) -> None:
 
     committed = json.loads((Path(__file__).resolve().parent.parent / "docs" / "openapi.json").read_text())
     assert committed == http.get("/openapi.json").json()
+
+
+def test_concurrent_requests_travel_merged_each_with_its_own_answer_and_error(gateway, http_client) -> None:
+    """The gateway merges concurrent small requests for one model into one Triton call (client.coalesce):
+    each still gets exactly its own vectors, usage and error, for sequence and token tasks alike."""
+    import asyncio
+
+    texts = [f"sentence {i} about " + "pooling " * (i % 37) for i in range(40)]
+    mails = [f"Mail person{i}@example.com about {'invoices ' * (i % 5)}" for i in range(12)]
+    expected, tokens = http_client.embed(texts), http_client.encode(mails, model="rampart")
+    usage = [len(ids) for ids in http_client.tokenize(texts)]
+
+    async def send() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=gateway, headers={"Authorization": f"Bearer {API_KEY}"},
+                                     timeout=60) as client:
+            calls = [client.post("/v1/embeddings", json={"model": "minilm", "input": [t]}) for t in texts]
+            calls.insert(17, client.post("/v1/embeddings", json={"model": "minilm", "input": ["word " * 400]}))
+            calls += [client.post("/pooling", json={"model": "rampart", "input": [m]}) for m in mails]
+            return await asyncio.gather(*calls)
+
+    answers = asyncio.run(send())
+    too_long = answers.pop(17)
+    assert too_long.status_code == 400 and "limit of 256 tokens" in too_long.json()["error"]["message"]
+    for answer, vector, count in zip(answers[: len(texts)], expected, usage):
+        assert answer.status_code == 200, answer.text
+        assert np.abs(np.array(answer.json()["data"][0]["embedding"]) - vector).max() <= 1e-5
+        assert answer.json()["usage"]["prompt_tokens"] == count
+    for answer, rows in zip(answers[len(texts):], tokens):
+        assert answer.status_code == 200, answer.text
+        assert np.abs(np.array(answer.json()["data"][0]["data"]) - rows).max() <= 1e-5
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(
+        f"{gateway}/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text)}
+    carried = {s.name: s.value for s in families["pooltriton_gateway_requests_per_triton_call"].samples}
+    # Every encode request was carried by some call (the too-long one twice: merged, then alone).
+    assert carried["pooltriton_gateway_requests_per_triton_call_sum"] >= len(texts) + len(mails) + 1

@@ -15,12 +15,13 @@ import contextlib
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
+from pooltriton.client.coalesce import Coalescer
 from pooltriton.contract import (
     ATTENTION_MASK,
     DETOKENIZE,
@@ -170,8 +171,13 @@ class PoolingService:
     one transport; `model` is the default model name."""
 
     def __init__(self, transport: Transport, model: str | None = "minilm", max_batch: int = MAX_BATCH_SIZE,
-                 admin_headers: dict[str, str] | None = None, deadline_s: float | None = None) -> None:
+                 admin_headers: dict[str, str] | None = None, deadline_s: float | None = None,
+                 coalesce: int = 0, observe_call: Callable[[int], None] | None = None) -> None:
         self.transport, self.model, self.max_batch = transport, model, max_batch
+        # coalesce > 0: concurrent small encode requests for one model travel merged, that many calls
+        # in flight per model and options (client.coalesce); a server in front of many clients wants it.
+        self.coalescer = Coalescer(lambda request: self.transport.infer(request), max_batch, coalesce,
+                                   observe_call) if coalesce else None
         self.admin_headers = admin_headers  # the repository index is one of Triton's restricted APIs
         self._info: dict[str, ModelInfo] = {}
         self.models: dict[str, ServedModel] = {}
@@ -278,8 +284,9 @@ class PoolingService:
                 triton_priority(priority), self.max_batch)
         except ValueError as error:
             raise RequestError(str(error), "input") from None
+        infer = self.coalescer.infer if self.coalescer is not None else self.transport.infer
         async with self._admitted(info.name, [*protocol.as_texts(texts), *(pairs or ())]) as answered:
-            results = await asyncio.gather(*(self.transport.infer(r) for r in requests))
+            results = await asyncio.gather(*(infer(r) for r in requests))
             answered.append(protocol.prompt_tokens(results))
         return Pooled(protocol.reassemble(info.outputs, results), protocol.prompt_tokens(results))
 
@@ -344,4 +351,6 @@ class PoolingService:
         return [json.loads(item) for item in (await self.transport.infer(request))[PLUGIN_OUTPUT]]
 
     async def close(self) -> None:
+        if self.coalescer is not None:
+            await self.coalescer.close()
         await self.transport.close()

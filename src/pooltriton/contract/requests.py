@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -55,6 +55,43 @@ class TritonRequest:
     def arrays(self) -> dict[str, np.ndarray]:
         """The inputs as numpy BYTES arrays in the shape the model declares."""
         return {name: text_array(texts, self.batched) for name, texts in self.inputs.items()}
+
+    @property
+    def rows(self) -> int:
+        """Texts in this request (every input has one entry per text)."""
+        return len(next(iter(self.inputs.values()), ()))
+
+    def merge_key(self) -> tuple:
+        """Requests with equal keys may travel as one (`merge`): same model, inputs, outputs, options
+        and priority; they differ only in their texts."""
+        return (self.model, tuple(sorted(self.inputs)), self.outputs, tuple(sorted(self.parameters.items())),
+                self.batched, self.priority)
+
+
+def merge(requests: Sequence[TritonRequest]) -> TritonRequest:
+    """Requests of one `merge_key` as one request: their texts concatenated in order."""
+    first = requests[0]
+    if any(r.merge_key() != first.merge_key() for r in requests):
+        raise ValueError("only requests with the same merge_key travel as one")
+    return replace(first, inputs={name: [t for r in requests for t in r.inputs[name]] for name in first.inputs})
+
+
+def split(outputs: Sequence[str], result: dict[str, np.ndarray], rows: Sequence[int]) -> list[dict[str, np.ndarray]]:
+    """A merged request's answer as the answers of the requests it merged (`rows` texts each): every
+    output has one row per text, except a token task's first output, whose rows per text TOKEN_COUNTS says."""
+    bounds = np.cumsum(rows)[:-1]
+    cuts = dict.fromkeys(result, bounds)
+    if TOKEN_COUNTS in result:
+        per_request = [int(c.sum()) for c in np.split(result[TOKEN_COUNTS].reshape(-1), bounds)]
+        cuts[outputs[0]] = np.cumsum(per_request)[:-1]
+    parts: list[dict[str, np.ndarray]] = [{} for _ in rows]
+    for name, array in result.items():
+        expected = sum(rows) if cuts[name] is bounds else int(result[TOKEN_COUNTS].sum())
+        if len(array) != expected:
+            raise ValueError(f"{name} has {len(array)} rows where the merged request needs {expected}")
+        for part, piece in zip(parts, np.split(array, cuts[name])):
+            part[name] = piece
+    return parts
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from tritonclient.utils import InferenceServerException
 
+from pooltriton.client.coalesce import IN_FLIGHT
 from pooltriton.client.service import PoolingService, Transport, TritonTransport
 from pooltriton.contract import ADMIN_KEY_ENV, QUEUE_TIMEOUT_MS, admin_headers
 from pooltriton.gateway.body_limit import BodyLimit
@@ -208,17 +209,21 @@ async def metrics(request: Request):
 
 
 def create_app(triton_url: str, api_key: str | None = None, client: Transport | None = None,
-               admin_key: str | None = None, deadline_s: float | None = DEADLINE_S) -> FastAPI:
+               admin_key: str | None = None, deadline_s: float | None = DEADLINE_S,
+               coalesce: int = IN_FLIGHT) -> FastAPI:
     """`client`: the service's transport (a fake in the route tests); default: tritonclient's aio gRPC
     client to `triton_url`, made when the app starts. `admin_key`: Triton's, for its restricted
     repository index (default: POOLTRITON_ADMIN_KEY). `deadline_s`: a request whose estimated wait behind
-    the work in flight exceeds it is refused at once with 429 and Retry-After (None: no admission)."""
+    the work in flight exceeds it is refused at once with 429 and Retry-After (None: no admission).
+    `coalesce`: concurrent small requests for one model travel to Triton merged, with at most that many
+    calls in flight per model and options (client.coalesce; 0: one call per request)."""
     admin_key = admin_key if admin_key is not None else os.environ.get(ADMIN_KEY_ENV)
     headers = admin_headers(admin_key, "grpc") if admin_key else None
-    serving = Serving(PoolingService(client, model=None, admin_headers=headers,  # type: ignore[arg-type]
-                                     deadline_s=deadline_s))
-    service = serving.service
     observed = GatewayMetrics()
+    serving = Serving(PoolingService(client, model=None, admin_headers=headers,  # type: ignore[arg-type]
+                                     deadline_s=deadline_s, coalesce=coalesce,
+                                     observe_call=observed.requests_per_call.observe))
+    service = serving.service
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -282,16 +287,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline-s", type=float, default=DEADLINE_S,
                         help="refuse at once (429, Retry-After) a request whose estimated wait behind the work in "
                         f"flight exceeds this (default {DEADLINE_S:g}; 0: no admission by work)")
+    parser.add_argument("--coalesce", type=int, default=IN_FLIGHT, metavar="N",
+                        help="send concurrent small requests for one model to Triton merged, at most N calls in flight "
+                        f"per model and options (default {IN_FLIGHT}; 0: one Triton call per request)")
     parser.add_argument("--write-openapi", metavar="FILE", help="write the OpenAPI document and exit")
     args = parser.parse_args(argv)
     if args.deadline_s < 0:
         parser.error("--deadline-s must be 0 (no admission by work) or positive")
+    if args.coalesce < 0:
+        parser.error("--coalesce must be 0 (one Triton call per request) or positive")
     if args.write_openapi:
         document = create_app(args.triton).openapi()
         Path(args.write_openapi).write_text(json.dumps(document, indent=2) + "\n")
         return 0
-    uvicorn.run(create_app(args.triton, args.api_key, deadline_s=args.deadline_s or None), host=args.host,
-                port=args.port, log_level="info")
+    uvicorn.run(create_app(args.triton, args.api_key, deadline_s=args.deadline_s or None, coalesce=args.coalesce),
+                host=args.host, port=args.port, log_level="info")
     return 0
 
 

@@ -21,6 +21,8 @@ from starlette.routing import Match
 
 # Seconds: single texts answer in milliseconds, a full batch of long texts in seconds.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Requests per call to Triton (client.coalesce): 1 when each travels alone.
+MERGED_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 # The status nginx logs for a request whose client closed the connection before the answer.
 CLIENT_CLOSED = 499
 UNMATCHED = "unmatched"
@@ -57,6 +59,9 @@ class GatewayMetrics:
         self.duration = Histogram("pooltriton_gateway_request_duration_seconds",
                                   "Time from request to response, by route.", ("route",), buckets=BUCKETS,
                                   registry=self.registry)
+        self.requests_per_call = Histogram("pooltriton_gateway_requests_per_triton_call",
+                                           "Encode requests carried by each call to Triton (merged when concurrent).",
+                                           buckets=MERGED_BUCKETS, registry=self.registry)
 
     def observe(self, scope: dict, status: int, seconds: float) -> None:
         route = route_label(scope)
