@@ -211,8 +211,7 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
         if requested.precision != AUTO:
             raise ResolutionError(f"--precision int8 serves embedding models (its bounds are cosine and "
                                   f"retrieval neighbours), not {config.task.value}")
-        runtime, options = requested.check(detect(), quantize=False)
-        print(f"--precision auto: {options.precision} (int8 serves embedding models only)", file=sys.stderr)
+        runtime, options = _auto_without_int8(requested, "int8 serves embedding models only")
     progress(f"loading {config.architecture} ({config.task.value}, {config.pooling_type.value} pooling)")
     encoder = load_encoder(model_dir, config, options.allow_pickle, options.trust_remote_code)
     width = output_width(encoder, config)
@@ -224,8 +223,7 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     except VerificationError as error:
         if not (requested.precision == AUTO and options.precision == INT8):
             raise
-        runtime, options = requested.check(detect(), quantize=False)
-        print(f"--precision auto: {options.precision} (int8 missed its bounds: {error})", file=sys.stderr)
+        runtime, options = _auto_without_int8(requested, f"int8 missed its bounds: {error}")
         report = _export_encoder(model_dir, encoder, config, tokenizer, options, runtime, progress)
     print(report.table(), file=sys.stderr)
     encoder_dir = out / names.encoder
@@ -239,6 +237,13 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     _write_json(out / names.ensemble / "pooler_config.json", config.to_json())
     print(f"exported {options.name} ({options.runtime}, {options.precision}) to {out}", file=sys.stderr)
     return asdict(report)
+
+
+def _auto_without_int8(requested: ExportOptions, reason: str) -> tuple[Runtime, ExportOptions]:
+    """`auto`'s next choice once int8 is out for this model (the one place it falls back)."""
+    runtime, options = requested.check(detect(), quantize=False)
+    print(f"--precision auto: {options.precision} ({reason})", file=sys.stderr)
+    return runtime, options
 
 
 def _export_encoder(model_dir: Path, encoder, config: PoolerConfig, tokenizer, options: ExportOptions,
