@@ -103,7 +103,7 @@ def test_int8_is_verified_and_served_from_openvino_ir(tiny_embedder: Path, tmp_p
     assert report["precision"] == report["executed_precision"] == "int8" and report["passed"]
     quantization = report["quantization"]
     assert report["retrieval"]["queries"] == 200 and quantization["validation_texts"] == 100
-    assert quantization["int8_products"] + len(quantization["restored_to_fp32"]) == quantization["products"] > 0
+    assert quantization["int8_products"] + len(quantization["kept_out_of_int8"]) == quantization["products"] > 0
     assert sorted(p.name for p in (encoder / "1").iterdir()) == ["model.bin", "model.xml"]
     texts = ["one two three", "a query about the python language", "the model reads text"]
     server = start_server(tmp_path, tmp_path / "server.log")
@@ -191,7 +191,7 @@ def test_auto_export_runs_what_it_reports(tiny_embedder: Path, tmp_path: Path, c
     from pooltriton.contract.config import parse_config
 
     config = parse_config(tmp_path / "auto_encoder" / "config.pbtxt")
-    assert config.parameters["HINT_BF16"].string_value == ("YES" if expected == "bf16" else "NO")
+    assert config.parameters["HINT_BF16"].string_value == ("YES" if expected in ("bf16", "int8") else "NO")
 
 
 def test_auto_falls_back_when_int8_misses_its_bounds(tiny_embedder: Path, tmp_path: Path, monkeypatch,

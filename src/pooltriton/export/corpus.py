@@ -6,7 +6,7 @@ or dataset download here, the source is the standard library's `pydoc_data.topic
 language reference's prose (~1,400 distinct sentences after dropping code). It is split once, by a
 fixed seed, into disjoint parts: calibration (activation statistics for static quantization; the
 shipped int8 takes its scales at run time and leaves it unused), validation (what accuracy control
-measures while it returns products to fp32), and documents and queries for the check that the export
+measures while it keeps products out of int8), and documents and queries for the check that the export
 has to pass afterwards, so the check never sees text the quantization was tuned on.
 """
 

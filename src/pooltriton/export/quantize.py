@@ -5,11 +5,12 @@ OpenVINO's CPU plugin quantizes each product's activations at run time per group
 INT8_ACTIVATION_GROUP input channels, so the products run on VNNI/AMX int8 instructions with scales
 from the text being read rather than from a calibration set. Measured on MiniLM (docs/performance.md)
 this is both faster and ~5 x more exact than static post-training quantization (SmoothQuant,
-calibrated activation scales), which missed the bound.
+calibrated activation scales), which missed the bound. What is not an int8 product (attention, norms,
+products kept out of int8) runs in bf16 where the CPU has it natively, else in fp32 (core.runtimes).
 
 Accuracy control then measures the int8 encoder against the fp32 one on held-out real sentences
 (export.corpus) and, while the metric has dropped by more than the tolerance, returns the products
-that lose most (ranked one by one on a subset) to fp32, in growing steps. The metric is
+that lose most (ranked one by one on a subset) to float, in growing steps. The metric is
 min(mean cosine, 1 - (1 - min cosine) / 5), so a drop within 0.001 means mean >= 0.999 and
 min >= 0.995: the bound export.verify then checks against the user's library, with the retrieval
 check on text this step never saw.
@@ -40,7 +41,7 @@ from pooltriton.export.corpus import Corpus
 # Accuracy control ranks each product by the error it causes alone: a subset keeps that affordable on
 # 2 cores (each rank is a weight compression, a compilation and one pass over the subset).
 RANKING_TEXTS = 25
-# Returned to fp32 at most: past half the products verification refuses the model anyway (mostly fp32:
+# Kept out of int8 at most: past half the products verification refuses the model anyway (mostly float:
 # no speed left to pay for the error, read back from what OpenVINO compiled).
 MAX_RESTORED_SHARE = 0.5
 
@@ -50,14 +51,15 @@ class Quantized:
     validation_texts: int
     int8_products: int  # products whose weights are int8
     products: int  # all matrix products with constant weights
-    restored: tuple[str, ...]  # products accuracy control returned to fp32, most harmful first
+    restored: tuple[str, ...]  # products accuracy control kept out of int8, most harmful first
     source: str
 
     def summary(self) -> dict:
         return {"method": f"int8 weights (NNCF, asymmetric, per output channel); activations quantized at run "
-                          f"time per {INT8_ACTIVATION_GROUP} channels (OpenVINO CPU plugin)",
+                          f"time per {INT8_ACTIVATION_GROUP} channels (OpenVINO CPU plugin); the rest in bf16 "
+                          "where the CPU has it natively, else fp32",
                 "validation_texts": self.validation_texts, "int8_products": self.int8_products,
-                "products": self.products, "restored_to_fp32": list(self.restored), "corpus": self.source}
+                "products": self.products, "kept_out_of_int8": list(self.restored), "corpus": self.source}
 
 
 def encoder_feeds(tokenizer: TextTokenizer, texts: list[str] | tuple[str, ...],
@@ -135,7 +137,8 @@ def quantize_openvino(onnx_file: Path, target: Path, tokenizer: TextTokenizer, i
     # One text per item, as single requests run (no padding in the measurement).
     validation = [encoder_feeds(tokenizer, [text], input_names) for text in texts.validation]
     model = core.read_model(str(onnx_file))
-    fp32 = core.compile_model(model, "CPU", properties)  # f32 (its weights are not int8: nothing quantized)
+    # The reference in f32: int8's properties ask bf16 for what is not an int8 product (core.runtimes).
+    fp32 = core.compile_model(model, "CPU", {**properties, "INFERENCE_PRECISION_HINT": "f32"})
     expected = [np.array(fp32(feeds)[0]) for feeds in validation]
 
     def compress(kept: Sequence[str]):  # from a fresh read: NNCF rewrites the model it is given
