@@ -64,30 +64,44 @@ class HeldTransport:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
         self.held: list[asyncio.Event] = []
+        self.cancelled = 0
 
     async def infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
         texts = request.inputs[TEXT]
         self.calls.append(texts)
         gate = asyncio.Event()
         self.held.append(gate)
-        await gate.wait()
+        try:
+            await gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
         if "bad" in texts:
             raise InferenceServerException("text is bad", status="StatusCode.INVALID_ARGUMENT")
         if "busy" in texts:
             raise InferenceServerException("queue full", status="StatusCode.UNAVAILABLE")
+        if "broken" in texts:
+            raise InferenceServerException("stub died", status="StatusCode.INTERNAL")
+        if "short" in texts:
+            return answer(texts[1:])  # an answer with a row missing
         return answer(texts)
 
     async def until_calls(self, count: int) -> None:
-        while len(self.calls) < count:
-            await asyncio.sleep(0)
+        await until(lambda: len(self.calls) >= count)
 
     def release_all(self) -> None:
         for gate in self.held:
             gate.set()
 
 
-def run(test):
-    return asyncio.run(asyncio.wait_for(test(), 10))
+async def until(condition) -> None:
+    """Let the other tasks run until `condition()` holds (run() bounds the whole test in time)."""
+    while not condition():
+        await asyncio.sleep(0)
+
+
+def run(test, timeout_s: float = 10):
+    return asyncio.run(asyncio.wait_for(test(), timeout_s))
 
 
 def test_requests_that_wait_for_a_slot_travel_as_one_call_and_get_their_own_answers() -> None:
@@ -98,8 +112,7 @@ def test_requests_that_wait_for_a_slot_travel_as_one_call_and_get_their_own_answ
         texts = [["first"], ["second"], ["x1", "x2"], ["y"], ["z1", "z2", "z3"]]
         tasks = [asyncio.create_task(coalescer.infer(request(*t))) for t in texts]
         await transport.until_calls(2)  # the first two found free slots and went at once, alone
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await until(lambda: coalescer.waiting == 3)
         assert transport.calls == [["first"], ["second"]]
         transport.held[0].set()  # a slot frees: the three waiting requests leave together
         await transport.until_calls(3)
@@ -142,8 +155,7 @@ def test_one_bad_request_in_a_merged_call_fails_alone() -> None:
         coalescer = Coalescer(transport.infer, max_batch=128, in_flight=1)
         tasks = [asyncio.create_task(coalescer.infer(request(t))) for t in ("first", "good", "bad", "fine")]
         await transport.until_calls(1)
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await until(lambda: coalescer.waiting == 3)
         transport.release_all()
         await transport.until_calls(2)
         transport.release_all()  # the merged call of good, bad, fine fails: each is sent again alone
@@ -159,21 +171,23 @@ def test_one_bad_request_in_a_merged_call_fails_alone() -> None:
     run(test)
 
 
-def test_unavailable_fails_every_request_in_the_call_without_resending() -> None:
+@pytest.mark.parametrize(("culprit", "message"), [("busy", "queue full"), ("broken", "stub died"),
+                                                 ("short", "rows")])
+def test_a_failure_that_is_not_a_request_s_fault_fails_every_request_in_the_call_at_once(culprit, message) -> None:
+    """Queue full, a dead stage, an answer that does not split: no resend, nobody left waiting."""
     async def test() -> None:
         transport = HeldTransport()
         coalescer = Coalescer(transport.infer, max_batch=128, in_flight=1)
-        tasks = [asyncio.create_task(coalescer.infer(request(t))) for t in ("first", "a", "busy", "b")]
+        tasks = [asyncio.create_task(coalescer.infer(request(t))) for t in ("first", "a", culprit, "b")]
         await transport.until_calls(1)
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await until(lambda: coalescer.waiting == 3)
         transport.release_all()
         await transport.until_calls(2)
         transport.release_all()
         results = await asyncio.gather(*tasks, return_exceptions=True)
-        assert len(transport.calls) == 2  # no resend: the queue was full for all of them
+        assert len(transport.calls) == 2  # no resend
         assert isinstance(results[0], dict)
-        assert all("queue full" in r.message() for r in results[1:])
+        assert all(isinstance(r, Exception) and message in str(r) for r in results[1:]), results
 
     run(test)
 
@@ -186,8 +200,7 @@ def test_a_caller_that_went_away_is_not_sent() -> None:
         gone = asyncio.create_task(coalescer.infer(request("gone")))
         kept = asyncio.create_task(coalescer.infer(request("kept")))
         await transport.until_calls(1)
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await until(lambda: coalescer.waiting == 2)
         gone.cancel()
         transport.release_all()
         await transport.until_calls(2)
@@ -198,3 +211,96 @@ def test_a_caller_that_went_away_is_not_sent() -> None:
         assert gone.cancelled()
 
     run(test)
+
+
+def test_a_merged_call_is_cancelled_when_every_caller_went_away() -> None:
+    async def test() -> None:
+        transport = HeldTransport()
+        coalescer = Coalescer(transport.infer, max_batch=128, in_flight=1)
+        first = asyncio.create_task(coalescer.infer(request("first")))
+        gone = [asyncio.create_task(coalescer.infer(request(t))) for t in ("a", "b")]
+        await until(lambda: coalescer.waiting == 2)
+        transport.held[0].set()
+        await transport.until_calls(2)  # a and b in flight, merged
+        gone[0].cancel()
+        await until(lambda: gone[0].cancelled())
+        assert transport.cancelled == 0  # b still waits for it
+        gone[1].cancel()
+        await until(lambda: transport.cancelled == 1)
+        await first
+        await until(lambda: not coalescer._lanes)
+
+    run(test)
+
+
+def test_close_fails_what_waits_cancels_what_runs_and_refuses_new_requests() -> None:
+    async def test() -> None:
+        transport = HeldTransport()
+        coalescer = Coalescer(transport.infer, max_batch=4, in_flight=1, small=2)
+        running = asyncio.create_task(coalescer.infer(request("first")))
+        merged = [asyncio.create_task(coalescer.infer(request(f"m{i}", f"n{i}"))) for i in range(2)]  # full: sent
+        waiting = asyncio.create_task(coalescer.infer(request("last")))
+        await transport.until_calls(2)
+        await until(lambda: coalescer.waiting == 1)
+        await coalescer.close()
+        for task in (*merged, waiting):
+            with pytest.raises(ConnectionError, match="closed"):
+                await task
+        assert transport.cancelled == 1  # the merged call; "first" runs in its caller's own task, which goes on
+        transport.release_all()
+        await running
+        with pytest.raises(ConnectionError, match="closed"):
+            await coalescer.infer(request("after"))
+
+    run(test)
+
+
+def test_merged_calls_to_the_real_server_answer_each_request_as_it_would_be_answered_alone(server,
+                                                                                          grpc_client) -> None:
+    """A real Triton over tritonclient's gRPC client, one call in flight per lane: the first call of each
+    model is held until the others wait, so they travel merged (a sequence task and a token task); each
+    gets the rows and usage it gets alone, and a text over the limit fails only its own request."""
+    from pooltriton.client.service import PoolingService, TritonTransport
+
+    texts = [f"sentence {i} about " + "pooling " * (3 * i) for i in range(12)]
+    mails = [f"Mail person{i}@example.com about {'invoices ' * i}" for i in range(6)]
+    expected, rows = grpc_client.embed(["first", *texts]), grpc_client.encode(["first mail", *mails], model="rampart")
+    counts = [len(ids) for ids in grpc_client.tokenize(["first", *texts])]
+
+    class Held:
+        """The real transport, every call held until the test opens the gate."""
+
+        def __init__(self, inner: TritonTransport) -> None:
+            self.inner, self.server, self.gate = inner, inner.server, asyncio.Event()
+
+        async def infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
+            await self.gate.wait()
+            return await self.inner.infer(request)
+
+        def __getattr__(self, name: str):
+            return getattr(self.inner, name)
+
+    async def test():
+        transport = Held(TritonTransport(server.grpc_url, "grpc", retries=1))
+        sizes: list[int] = []
+        service = PoolingService(transport, model="minilm", coalesce=1, observe_call=sizes.append)
+        try:
+            for model in ("minilm", "rampart"):
+                await service.info(model)
+            calls = [service.encode([t]) for t in ["first", *texts[:5], "word " * 400, *texts[5:]]]
+            calls += [service.encode([m], model="rampart") for m in ["first mail", *mails]]
+            tasks = [asyncio.create_task(call) for call in calls]
+            await until(lambda: service.coalescer.waiting == len(texts) + 1 + len(mails))
+            transport.gate.set()
+            return await asyncio.gather(*tasks, return_exceptions=True), sizes
+        finally:
+            await service.close()
+
+    results, sizes = run(test, 120)
+    too_long = results.pop(6)
+    assert "limit of 256 tokens" in str(too_long), too_long
+    assert sorted(sizes[:4]) == [1, 1, len(mails), len(texts) + 1]  # the held first calls, then two merged
+    for pooled, vector, count in zip(results[: len(texts) + 1], expected, counts, strict=True):
+        assert np.abs(pooled.values[0] - vector).max() <= 1e-5 and pooled.tokens == count
+    for pooled, reference in zip(results[len(texts) + 1 :], rows, strict=True):
+        assert len(pooled.values) == 1 and np.abs(pooled.values[0] - reference).max() <= 1e-5

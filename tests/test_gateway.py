@@ -273,5 +273,5 @@ def test_concurrent_requests_travel_merged_each_with_its_own_answer_and_error(ga
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(
         f"{gateway}/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text)}
     carried = {s.name: s.value for s in families["pooltriton_gateway_requests_per_triton_call"].samples}
-    # Every encode request was carried by some call (the too-long one twice: merged, then alone).
-    assert carried["pooltriton_gateway_requests_per_triton_call_sum"] >= len(texts) + len(mails) + 1
+    # Each encode request was carried by some call (merging itself is pinned in test_coalesce.py).
+    assert carried["pooltriton_gateway_requests_per_triton_call_sum"] >= len(texts) + len(mails)

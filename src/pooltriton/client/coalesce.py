@@ -1,17 +1,20 @@
 """Concurrent small requests for one model as one Triton call (the gateway's many short requests).
 
-Per `merge_key` (model, options, priority) a lane keeps at most `in_flight` calls running: a request
-that finds a free slot and nobody waiting is sent at once, so an idle server answers it without any
-added wait. Others wait in the lane and leave, merged (`contract.requests.merge`), when a call comes
-back, or at once when they fill `max_batch` texts: waiting is bounded by one batch per lane and lanes
-are dropped when idle, so nothing a client sends grows the gateway's state without bound.
+Per `merge_key` (model, options, priority) a lane lets `in_flight` calls run: a small request that
+finds a free slot and nobody waiting is sent at once, so an idle server answers it without any added
+wait. Others wait in the lane and leave merged (`contract.requests.merge`) when a call comes back, or at
+once when they fill `max_batch` texts (so under load more calls than `in_flight` run, each a full
+batch, and Triton's bounded queues refuse what they cannot hold, as they would the requests alone).
+Waiting is bounded by one batch per lane and lanes are dropped when idle, so nothing a client sends
+grows the gateway's state without bound.
 
-Each request keeps its own answer and its own error: a merged call that fails with UNAVAILABLE (queue
-full, server going away) fails every request in it, as each alone would have; any other error (one
-text too long, say) sends its requests again one by one, so only the one that caused it sees it.
-Triton still batches across lanes and clients with its dynamic batcher; this saves the per-request cost
-of every hop (HTTP/2 frames, the ensemble, each stage's request objects) for requests that would
-otherwise travel side by side.
+Each request keeps its own answer and its own error: a merged call that fails because of what a client
+sent (INVALID_ARGUMENT: one text too long, say) sends its requests again one by one, so only the one
+that caused it sees it; any other failure (queue full, server going away) fails every request in it,
+as each alone would have. A merged call whose callers have all gone (HTTP clients that disconnected)
+is cancelled; while one of them still waits, it runs. Triton still batches across lanes and clients
+with its dynamic batcher; this saves the per-request cost of every hop (HTTP/2 frames, the ensemble,
+each stage's request objects) for requests that would otherwise travel side by side.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ import numpy as np
 from pooltriton.contract import MAX_BATCH_SIZE
 from pooltriton.contract.requests import TritonRequest, classify, merge, split
 
+# Statuses that mean the request itself was wrong (INVALID_ARGUMENT and the like): the one request of a
+# merged call that caused it is found by sending each again alone.
+CLIENT_FAULTS = frozenset({400, 404, 413, 422})
 Send = Callable[[TritonRequest], Awaitable[dict[str, np.ndarray]]]
 # Requests of up to this share of a batch are merged; bigger ones already carry their per-call cost
 # over many texts, and merging them would only make their first texts wait for the last.
@@ -48,7 +54,8 @@ class _Lane:
 
     @property
     def rows(self) -> int:
-        return sum(w.request.rows for w in self.waiting)
+        """Texts waiting, those of callers that went away left out."""
+        return sum(w.request.rows for w in self.waiting if not w.answer.done())
 
 
 class Coalescer:
@@ -58,15 +65,23 @@ class Coalescer:
                  observe: Callable[[int], None] | None = None, small: int | None = None) -> None:
         """`observe(n)` is told of every call to Triton with the number of requests it carries; requests of
         more than `small` texts (default max_batch / SMALL_SHARE) are sent as they come."""
-        if in_flight < 1:
-            raise ValueError("in_flight must be at least 1")
-        self._send, self.max_batch, self.in_flight = send, max_batch, in_flight
         self.small = small if small is not None else max(1, max_batch // SMALL_SHARE)
+        if in_flight < 1 or not 1 <= self.small <= max_batch:
+            raise ValueError("in_flight must be at least 1, and small between 1 and max_batch")
+        self._send, self.max_batch, self.in_flight = send, max_batch, in_flight
         self._observe = observe or (lambda _requests: None)
         self._lanes: dict[tuple, _Lane] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._closed = False
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a call, over all lanes."""
+        return sum(len(lane.waiting) for lane in self._lanes.values())
 
     async def infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
+        if self._closed:
+            raise ConnectionError("the pooling service is closed")
         if request.rows > self.small:
             return await self._call(request)
         key = request.merge_key()
@@ -89,7 +104,7 @@ class Coalescer:
 
     def _dispatch(self, key: tuple, lane: _Lane) -> None:
         """Send what waits while a slot is free or a full batch has gathered; drop the lane when idle."""
-        while lane.waiting and (lane.running < self.in_flight or lane.rows >= self.max_batch):
+        while not self._closed and lane.waiting and (lane.running < self.in_flight or lane.rows >= self.max_batch):
             batch, rows = [], 0
             while lane.waiting and rows + lane.waiting[0].request.rows <= self.max_batch:
                 waiting = lane.waiting.popleft()
@@ -101,29 +116,27 @@ class Coalescer:
                 task = asyncio.get_running_loop().create_task(self._run(key, lane, batch))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+                _cancel_when_abandoned(task, batch)
         if not lane.running and not lane.waiting:
             self._lanes.pop(key, None)
 
     async def _run(self, key: tuple, lane: _Lane, batch: list[_Waiting]) -> None:
+        requests = [w.request for w in batch]
         try:
-            requests = [w.request for w in batch]
-            try:
-                answer = await self._call(merge(requests) if len(batch) > 1 else requests[0], len(batch))
-            except Exception as error:
-                if len(batch) == 1 or classify(error).retryable:
-                    for waiting in batch:
-                        _settle(waiting.answer, error=error)
-                else:  # one request's fault must stay that request's: each again on its own
-                    await asyncio.gather(*(self._alone(waiting) for waiting in batch))
-                return
-            except BaseException:
-                for waiting in batch:
-                    waiting.answer.cancel()
-                raise
+            answer = await self._call(merge(requests) if len(batch) > 1 else requests[0], len(batch))
             parts = split(requests[0].outputs, answer, [r.rows for r in requests]) if len(batch) > 1 else [answer]
-            for waiting, part in zip(batch, parts):
+            for waiting, part in zip(batch, parts, strict=True):
                 _settle(waiting.answer, part)
+        except Exception as error:
+            if len(batch) > 1 and classify(error).status in CLIENT_FAULTS:
+                # One request's fault must stay that request's: each again on its own.
+                await asyncio.gather(*(self._alone(waiting) for waiting in batch))
+            for waiting in batch:
+                _settle(waiting.answer, error=error)
         finally:
+            # Cancelled (every caller went away, or close()): nobody may be left waiting for an answer.
+            for waiting in batch:
+                _settle(waiting.answer, error=ConnectionError("the pooling service closed before answering"))
             lane.running -= 1
             self._dispatch(key, lane)
 
@@ -136,13 +149,31 @@ class Coalescer:
             _settle(waiting.answer, error=error)
 
     async def close(self) -> None:
-        for task in list(self._tasks):
+        """Refuse new requests, fail those waiting, cancel the calls in flight and wait for them."""
+        self._closed = True
+        for lane in self._lanes.values():
+            while lane.waiting:
+                _settle(lane.waiting.popleft().answer, error=ConnectionError("the pooling service closed"))
+        while self._tasks:
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _cancel_when_abandoned(task: asyncio.Task, batch: list[_Waiting]) -> None:
+    """Cancel the call once every caller in it went away (HTTP clients that disconnected)."""
+    def abandoned(_answer: asyncio.Future) -> None:
+        if all(waiting.answer.cancelled() for waiting in batch):
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    for waiting in batch:
+        waiting.answer.add_done_callback(abandoned)
 
 
 def _settle(answer: asyncio.Future, result: dict | None = None, error: Exception | None = None) -> None:
-    if answer.done():  # its caller was cancelled meanwhile
+    """Answer a waiting request unless it has its answer (or its caller went away). A shared error is the
+    same object for every caller (tritonclient's exceptions cannot be copied)."""
+    if answer.done():
         return
     if error is not None:
         answer.set_exception(error)

@@ -215,8 +215,8 @@ def create_app(triton_url: str, api_key: str | None = None, client: Transport | 
     client to `triton_url`, made when the app starts. `admin_key`: Triton's, for its restricted
     repository index (default: POOLTRITON_ADMIN_KEY). `deadline_s`: a request whose estimated wait behind
     the work in flight exceeds it is refused at once with 429 and Retry-After (None: no admission).
-    `coalesce`: concurrent small requests for one model travel to Triton merged, with at most that many
-    calls in flight per model and options (client.coalesce; 0: one call per request)."""
+    `coalesce`: concurrent small requests for one model travel to Triton merged once that many calls are
+    in flight per model and options (client.coalesce; 0: one call per request)."""
     admin_key = admin_key if admin_key is not None else os.environ.get(ADMIN_KEY_ENV)
     headers = admin_headers(admin_key, "grpc") if admin_key else None
     observed = GatewayMetrics()
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="refuse at once (429, Retry-After) a request whose estimated wait behind the work in "
                         f"flight exceeds this (default {DEADLINE_S:g}; 0: no admission by work)")
     parser.add_argument("--coalesce", type=int, default=IN_FLIGHT, metavar="N",
-                        help="send concurrent small requests for one model to Triton merged, at most N calls in flight "
+                        help="send concurrent small requests for one model to Triton merged once N calls are in flight "
                         f"per model and options (default {IN_FLIGHT}; 0: one Triton call per request)")
     parser.add_argument("--write-openapi", metavar="FILE", help="write the OpenAPI document and exit")
     args = parser.parse_args(argv)
