@@ -48,7 +48,7 @@ class Runtime:
             # (docs/performance.md). The shim keeps a one-stream compilation for single requests.
             streams = min(2, threads) if precision == BF16 and threads > 1 else 1
             # int8: what is not an int8 product (attention, norms, activations) in bf16 where the CPU has
-            # it natively (the plugin resolves the hint to f32 where not): 1.98 vs 1.77 x fp32 in-process
+            # it natively (the plugin resolves the hint to f32 where not): 1.80-2.02 vs 1.74-1.75 x fp32 in-process
             # at the same cosine (docs/performance.md).
             parameters = {"INFERENCE_NUM_THREADS": str(threads), "NUM_STREAMS": str(streams),
                           "PERFORMANCE_HINT": "LATENCY", "HINT_BF16": "YES" if precision in (BF16, INT8) else "NO"}
