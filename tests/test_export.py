@@ -22,7 +22,14 @@ from pooltriton.export.build import ExportOptions, export_model
 from pooltriton.export.corpus import corpus, sentences
 from pooltriton.export.defaults import minilm_path
 from pooltriton.export.encoder import load_encoder
-from pooltriton.export.quantize import control_accuracy, largest_group, restore_steps
+from pooltriton.export.quantize import (
+    activation_ranges,
+    control_accuracy,
+    largest_group,
+    restore_steps,
+    smooth,
+    smoothing_scales,
+)
 from pooltriton.export.reference import load_reference
 from pooltriton.export.verify import (
     MEAN_COSINE,
@@ -87,6 +94,7 @@ def test_int8_export_meets_its_bounds_and_runs_in_int8() -> None:
     assert report["mean_cosine"] < 0.99999  # really quantized: fp32 agrees to ~1e-7
     assert report["quantization"]["int8_products"] > report["quantization"]["products"] / 2
     # The activation group accuracy control chose travels in the IR, and what compiles it uses it.
+    assert report["quantization"]["smoothed_inputs"] == 24  # 6 layers: Q/K/V share one, O, FFN in and out
     group = report["quantization"]["activation_group"]
     assert group in INT8_ACTIVATION_GROUPS and str(group) in report["quantization"]["method"]
     assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in parse_config(encoder / "config.pbtxt").parameters
@@ -111,6 +119,34 @@ def test_int8_accuracy_control_returns_the_most_harmful_products_to_fp32() -> No
     assert control_accuracy(list(harm), measure, 0.01) == ()
     assert control_accuracy(list(harm), measure, 0.001) == ("b", "d")
     assert control_accuracy(list(harm), measure, 1e-5) == ("b", "d")  # the most it may: verification decides
+
+
+def test_smoothing_moves_activation_outliers_into_the_weights_exactly() -> None:
+    """SmoothQuant before int8: two products sharing an input with one outlier channel, and a product
+    with a transposed weight; in f32 the smoothed model answers as before, and the products' input
+    channels span a far narrower range."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    rng = np.random.default_rng(0)
+    x = ops.parameter([-1, 8], np.float32, name="x")
+    first = ops.matmul(x, ops.constant(rng.normal(size=(8, 6)).astype(np.float32)), False, False)
+    second = ops.matmul(x, ops.constant(rng.normal(size=(8, 4)).astype(np.float32)), False, False)
+    third = ops.matmul(ops.relu(first), ops.constant(rng.normal(size=(5, 6)).astype(np.float32)), False, True)
+    model = ov.Model([second, third], [x])
+    data = rng.normal(size=(16, 8)).astype(np.float32)
+    data[:, 3] *= 80  # the outlier channel
+    core, f32 = ov.Core(), {"INFERENCE_PRECISION_HINT": "f32"}
+    before = [np.asarray(v) for v in core.compile_model(model.clone(), "CPU", f32)({"x": data}).values()]
+    ranges = activation_ranges(core, model, [{"x": data}])
+    assert len(ranges) == 2 and ranges[(x.get_friendly_name(), 0)].argmax() == 3
+    assert smooth(model, ranges) == 2
+    after = [np.asarray(v) for v in core.compile_model(model, "CPU", f32)({"x": data}).values()]
+    for old, new in zip(before, after, strict=True):
+        np.testing.assert_allclose(new, old, rtol=1e-4, atol=1e-4)
+    spread = ranges[(x.get_friendly_name(), 0)]
+    evened = spread / smoothing_scales(spread, np.ones_like(spread))
+    assert spread.max() / spread.min() > 50 and evened.max() / evened.min() < spread.max() / spread.min() / 5
 
 
 def test_int8_takes_the_largest_activation_group_well_within_the_tolerance() -> None:

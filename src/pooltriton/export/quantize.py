@@ -3,19 +3,22 @@
 NNCF compresses every matrix product's weights to int8 (asymmetric, per output channel: data-free), and
 OpenVINO's CPU plugin quantizes each product's activations at run time per group of input channels, so
 the products run on VNNI/AMX int8 instructions with scales from the text being read rather than from a
-calibration set. Measured on MiniLM (docs/performance.md)
-this is both faster and ~5 x more exact than static post-training quantization (SmoothQuant,
-calibrated activation scales), which missed the bound. What is not an int8 product (attention, norms,
-products kept out of int8) runs in bf16 where the CPU has it natively, else in fp32 (core.runtimes).
+calibration set. Measured on MiniLM (docs/performance.md) this is both faster and ~5 x more exact than
+static post-training quantization, which missed the bound. Before that, SmoothQuant's migration
+(`smooth`): each product's input is divided per channel by scales taken from the activation ranges of
+the validation texts and its weights multiplied by them, exact in f32, so outlier channels stop setting
+the scale of their quantization group; that is what lets larger (faster) groups keep the bound. What is
+not an int8 product (attention, norms, products kept out of int8) runs in bf16 where the CPU has it
+natively, else in fp32 (core.runtimes).
 
 Accuracy control then measures the int8 encoder against the fp32 one on held-out real sentences
 (export.corpus): it takes the largest activation group (INT8_ACTIVATION_GROUPS: larger is faster and
-less exact) whose metric has dropped by well within the tolerance; if even the smallest has not, it returns
-the products that lose most (ranked one by one on a subset) to float, in growing steps. The group goes
-into the IR's runtime options, so whatever compiles the file uses the group that was verified. The metric is
-min(mean cosine, 1 - (1 - min cosine) / 5), so a drop within 0.001 means mean >= 0.999 and
-min >= 0.995: the bound export.verify then checks against the user's library, with the retrieval
-check on text this step never saw.
+less exact) whose metric has dropped by well within the tolerance; if even the smallest has not, it
+returns the products that lose most (ranked one by one on a subset) to float, in growing steps. The
+group goes into the IR's runtime options, so whatever compiles the file uses the group that was
+verified. The metric is min(mean cosine, 1 - (1 - min cosine) / 5), so a drop within 0.001 means
+mean >= 0.999 and min >= 0.995: the bound export.verify then checks against the user's library, with
+the retrieval check on text this step never saw.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ RANKING_TEXTS = 25
 # 0.99890 on unicode-heavy text of up to 250 tokens (32: 0.99903); 128 dropped 0.00097 and missed the
 # bound in verification itself.
 GROUP_MARGIN = 0.5
+# SmoothQuant's migration strength. On MiniLM (docs/performance.md) 0.5 took the mean cosine to fp32 of
+# groups of 128 from 0.99902 to 0.99951 and of 32 from 0.99948 to 0.99967; 0.8 was worse below per-token.
+SMOOTHING_ALPHA = 0.5
 # Kept out of int8 at most: past half the products verification refuses the model anyway (mostly float:
 # no speed left to pay for the error, read back from what OpenVINO compiled).
 MAX_RESTORED_SHARE = 0.5
@@ -62,13 +68,15 @@ class Quantized:
     restored: tuple[str, ...]  # products accuracy control kept out of int8, most harmful first
     source: str
     activation_group: int  # input channels per run-time activation scale
+    smoothed_inputs: int  # product inputs SmoothQuant rescaled
 
     def summary(self) -> dict:
-        return {"method": f"int8 weights (NNCF, asymmetric, per output channel); activations quantized at run "
+        return {"method": f"SmoothQuant migration (alpha {SMOOTHING_ALPHA}, activation ranges of the validation "
+                          f"texts); int8 weights (NNCF, asymmetric, per output channel); activations quantized at run "
                           f"time per {self.activation_group} input channels (OpenVINO CPU plugin; the largest of "
                           f"{', '.join(map(str, INT8_ACTIVATION_GROUPS))} well within the tolerance); the rest in "
                           "bf16 where the CPU has it natively, else fp32",
-                "activation_group": self.activation_group,
+                "activation_group": self.activation_group, "smoothed_inputs": self.smoothed_inputs,
                 "validation_texts": self.validation_texts, "int8_products": self.int8_products,
                 "products": self.products, "kept_out_of_int8": list(self.restored), "corpus": self.source}
 
@@ -142,6 +150,68 @@ def weight_products(model) -> list[str]:
             and op.input_value(1).get_node().get_type_name() in ("Constant", "Convert")]
 
 
+def smoothing_scales(activation_max: np.ndarray, weight_max: np.ndarray, alpha: float = SMOOTHING_ALPHA) -> np.ndarray:
+    """SmoothQuant's per-input-channel scales s = max|x|^alpha / max|w|^(1 - alpha): (x / s) @ (s w) is
+    x @ w, with the activations' channels evened out, so an outlier channel no longer sets the scale of
+    its whole quantization group (and the weights, quantized per output channel, take some of it)."""
+    scales = np.maximum(activation_max, 1e-5) ** alpha / np.maximum(weight_max, 1e-5) ** (1 - alpha)
+    return np.clip(scales, 1e-3, 1e3).astype(np.float32)
+
+
+def _smoothable(model) -> dict[tuple[str, int], list]:
+    """Products with plain constant weights, by the output that feeds them (products that share an input
+    share its scales)."""
+    groups: dict[tuple[str, int], list] = {}
+    for op in model.get_ordered_ops():
+        if (op.get_type_name() == "MatMul" and not op.get_attributes()["transpose_a"]
+                and op.input_value(1).get_node().get_type_name() == "Constant"
+                and len(op.input_value(1).get_node().get_output_shape(0)) == 2):
+            source = op.input_value(0)
+            groups.setdefault((source.get_node().get_friendly_name(), source.get_index()), []).append(op)
+    return groups
+
+
+def activation_ranges(core, model, feeds: Sequence[dict[str, np.ndarray]]) -> dict[tuple[str, int], np.ndarray]:
+    """Each smoothable input's largest |value| per channel over `feeds`, run in f32."""
+    sources = list(_smoothable(model))
+    probe = model.clone()
+    first = len(probe.outputs)
+    probe.add_outputs(sources)
+    compiled = core.compile_model(probe, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    ranges: dict[tuple[str, int], np.ndarray] = {}
+    for item in feeds:
+        answer = compiled(item)
+        for i, source in enumerate(sources):
+            values = np.abs(np.asarray(answer[first + i]))
+            peak = values.reshape(-1, values.shape[-1]).max(axis=0)
+            ranges[source] = np.maximum(ranges[source], peak) if source in ranges else peak
+    return ranges
+
+
+def smooth(model, ranges: dict[tuple[str, int], np.ndarray], alpha: float = SMOOTHING_ALPHA) -> int:
+    """Rewrite `model` in place: each smoothable input divided by its scales on its way into the products,
+    their weights multiplied by them (exact in f32). Returns how many inputs were smoothed."""
+    import openvino.opset13 as ops
+
+    smoothed = 0
+    for source, products in _smoothable(model).items():
+        if source not in ranges:
+            continue
+        weights = [op.input_value(1).get_node().get_data() for op in products]
+        # Input channels are the weight's rows, or its columns when the product transposes it.
+        axes = [1 if op.get_attributes()["transpose_b"] else 0 for op in products]
+        weight_max = np.max([np.abs(w).max(axis=1 - axis) for w, axis in zip(weights, axes, strict=True)], axis=0)
+        scales = smoothing_scales(ranges[source], weight_max, alpha)
+        divided = ops.multiply(products[0].input_value(0), ops.constant(1 / scales))
+        for op, weight, axis in zip(products, weights, axes, strict=True):
+            op.input(0).replace_source_output(divided.output(0))
+            shape = (-1, 1) if axis == 0 else (1, -1)
+            op.input(1).replace_source_output(ops.constant(weight * scales.reshape(shape)).output(0))
+        smoothed += 1
+    model.validate_nodes_and_infer_types()
+    return smoothed
+
+
 def quantize_openvino(onnx_file: Path, target: Path, tokenizer: TextTokenizer, input_names: tuple[str, ...],
                       texts: Corpus, tolerance: float = TOLERANCES[INT8]) -> Quantized:
     """Write the int8 model to `target` (OpenVINO IR, .xml beside its .bin)."""
@@ -157,11 +227,13 @@ def quantize_openvino(onnx_file: Path, target: Path, tokenizer: TextTokenizer, i
     # The reference in f32: int8's properties ask bf16 for what is not an int8 product (core.runtimes).
     fp32 = core.compile_model(model, "CPU", {**properties, "INFERENCE_PRECISION_HINT": "f32"})
     expected = [np.array(fp32(feeds)[0]) for feeds in validation]
+    ranges = activation_ranges(core, model, validation)
 
     def compress(kept: Sequence[str]):  # from a fresh read: NNCF rewrites the model it is given
         ignored = nncf.IgnoredScope(names=list(kept)) if kept else None
-        return nncf.compress_weights(core.read_model(str(onnx_file)), mode=nncf.CompressWeightsMode.INT8_ASYM,
-                                     ignored_scope=ignored)
+        smoothed = core.read_model(str(onnx_file))
+        smooth(smoothed, ranges)
+        return nncf.compress_weights(smoothed, mode=nncf.CompressWeightsMode.INT8_ASYM, ignored_scope=ignored)
 
     def measure(kept: Sequence[str], count: int | None, group: int) -> np.ndarray:
         compiled = core.compile_model(compress(kept), "CPU", {**properties, DYNAMIC_QUANTIZATION: group})
@@ -176,4 +248,5 @@ def quantize_openvino(onnx_file: Path, target: Path, tokenizer: TextTokenizer, i
     quantized = compress(kept)
     quantized.set_rt_info(str(group), ["runtime_options", DYNAMIC_QUANTIZATION])
     ov.save_model(quantized, str(target), compress_to_fp16=False)
-    return Quantized(len(validation), len(products) - len(kept), len(products), kept, texts.source, group)
+    return Quantized(len(validation), len(products) - len(kept), len(products), kept, texts.source, group,
+                     len(ranges))
