@@ -97,7 +97,8 @@ def test_int8_is_verified_and_served_from_openvino_ir(tiny_embedder: Path, tmp_p
     assert main(["export", str(tiny_embedder), "--name", "x", "--out", str(tmp_path), "--runtime", "openvino",
                  "--precision", "int8", "--tolerance", "0.00002"]) == 1
     err = capsys.readouterr().err
-    assert "verification failed" in err and "top-10 agreement" in err and "Traceback" not in err, err[-2000:]
+    # Which bound it names depends on the CPU (cosine and neighbours, or too few products left in int8).
+    assert "verification failed" in err and "Nothing was written" in err and "Traceback" not in err, err[-2000:]
     assert not list(tmp_path.glob("x*"))
 
     assert main(["export", str(tiny_embedder), "--name", "x", "--out", str(tmp_path), "--runtime", "openvino",
