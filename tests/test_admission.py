@@ -10,18 +10,31 @@ import pytest
 from fastapi.testclient import TestClient
 from test_gateway_routes import FakeClient
 
-from pooltriton.contract.admission import Admission
+from pooltriton.contract.admission import DEADLINE_SHARE, Admission
 from pooltriton.gateway import create_app
 
 
-def measured(deadline_s: float) -> Admission:
-    """An admission that has seen 1,000 tokens answered over one busy second: 1,000 tokens/s."""
-    admission = Admission(deadline_s)
+def measured(deadline_s: float, share: float = 1.0) -> Admission:
+    """An admission that has seen 1,000 tokens answered over one busy second: 1,000 tokens/s (the whole
+    deadline admitted unless `share` says otherwise, so the arithmetic below is the deadline's)."""
+    admission = Admission(deadline_s, share)
     for i in range(10):
         assert admission.admit(100, now=i * 0.1) is None
         admission.done(100, 100, 400, now=(i + 1) * 0.1)
     assert admission.tokens_per_s == pytest.approx(1000, rel=0.01)
     return admission
+
+
+def test_admission_keeps_headroom_below_the_deadline_for_its_own_estimate() -> None:
+    """By default only DEADLINE_SHARE of the deadline is admitted: the measured rate is an estimate."""
+    admission = measured(deadline_s=2.0, share=DEADLINE_SHARE)
+    assert admission.budget_s == pytest.approx(2.0 * DEADLINE_SHARE) and DEADLINE_SHARE < 1
+    for _ in range(15):  # 1,500 tokens in flight: a 100-token request would be answered after 1.6 s
+        assert admission.admit(100, now=1.0) is None
+    assert admission.admit(90, now=1.0) is None  # 1.59 s: within the budget, 80 % of the 2 s deadline
+    refusal = admission.admit(100, now=1.0)  # 1.69 s: within the deadline but past the budget
+    assert refusal is not None and refusal.wait_s == pytest.approx(1.69, rel=0.01) and refusal.retry_after_s == 1
+    assert Admission(2.0).budget_s == pytest.approx(2.0 * DEADLINE_SHARE)  # the default
 
 
 def test_admission_refuses_when_the_estimated_wait_exceeds_the_deadline() -> None:

@@ -198,9 +198,10 @@ class PoolingService:
         estimated = admission.estimate_tokens(characters, len(texts))
         refusal = admission.admit(estimated, time.monotonic())
         if refusal is not None:
-            raise Overloaded(f"overloaded: this request could start only in ~{refusal.wait_s:.1f} s, behind the "
-                             f"work queued for {model!r}, past its {self.deadline_s:g} s deadline; retry in "
-                             f"{refusal.retry_after_s} s", refusal.retry_after_s)
+            raise Overloaded(f"overloaded: this request would be answered only in ~{refusal.wait_s:.1f} s, behind "
+                             f"the work queued for {model!r}, past the {admission.budget_s:g} s admitted of its "
+                             f"{self.deadline_s:g} s deadline; retry in {refusal.retry_after_s} s",
+                             refusal.retry_after_s)
         answered: list[int] = []
         try:
             yield answered
