@@ -252,10 +252,15 @@ def quantize_openvino(onnx_file: Path, target: Path, tokenizer: TextTokenizer, i
             raise RuntimeError(f"smoothing found other product inputs in {onnx_file} than it measured")
         return nncf.compress_weights(smoothed, mode=nncf.CompressWeightsMode.INT8_ASYM, ignored_scope=ignored)
 
+    measured: dict[tuple, np.ndarray] = {}  # control_accuracy starts with what the group choice measured
+
     def measure(kept: Sequence[str], count: int | None, group: int) -> np.ndarray:
-        compiled = core.compile_model(compress(kept), "CPU", {**properties, DYNAMIC_QUANTIZATION: group})
-        return np.concatenate([row_cosines(np.array(compiled(feeds)[0]), expected[i])
-                               for i, feeds in enumerate(validation[:count])])
+        key = (tuple(kept), count, group)
+        if key not in measured:
+            compiled = core.compile_model(compress(kept), "CPU", {**properties, DYNAMIC_QUANTIZATION: group})
+            measured[key] = np.concatenate([row_cosines(np.array(compiled(feeds)[0]), expected[i])
+                                            for i, feeds in enumerate(validation[:count])])
+        return measured[key]
 
     group = largest_group(INT8_ACTIVATION_GROUPS, lambda group: 1 - cosine_metric(measure((), None, group)),
                           tolerance)
