@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -104,25 +103,6 @@ class CalledModelError(Exception):
         return error_response(str(self), self.code)
 
 
-CANCELLED = "pooltriton_cancelled_requests_total"
-
-
-def skip_cancelled(requests: list, compute: Callable[[list], list], counters: Counters) -> list:
-    """Responses for `requests`, computing only those whose client still waits.
-
-    A gRPC client that cancels or passes its deadline marks its request cancelled; Triton drops such
-    requests from the queue and between ensemble steps, and this catches the ones already handed to
-    `execute` (one batch can hold many), so they cost no compute.
-    """
-    cancelled = [request.is_cancelled() for request in requests]
-    if not any(cancelled):
-        return compute(requests)
-    counters.add(CANCELLED, sum(cancelled))
-    live = iter(compute([r for r, c in zip(requests, cancelled) if not c]) if not all(cancelled) else ())
-    error = pb_utils.TritonError("request cancelled by its client", pb_utils.TritonError.CANCELLED)
-    return [pb_utils.InferenceResponse(error=error) if c else next(live) for c in cancelled]
-
-
 def call_model(model: str, inputs: dict[str, list[str]], outputs: list[str],
                parameters: dict[str, Any]) -> dict[str, Any]:
     """BLS: send texts ([n, 1] BYTES per input) to another model of this server and read its outputs.
@@ -151,7 +131,6 @@ class Counters:
         "pooltriton_tokens_total": "Real (non-padding) tokens processed",
         "pooltriton_padding_tokens_total": "Padding positions computed by the encoder",
         "pooltriton_truncations_total": "Texts truncated to the model's limit on request",
-        CANCELLED: "Requests skipped because their client cancelled them or passed its deadline",
     }
 
     def __init__(self, model: str, names: tuple[str, ...]) -> None:

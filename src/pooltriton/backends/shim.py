@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from pooltriton.backends.common import CANCELLED, Counters, ModelArgs, error_response, input_array, skip_cancelled
+from pooltriton.backends.common import Counters, ModelArgs, error_response, input_array
 from pooltriton.backends.ragged import TOKEN_BUDGET, MemoryModel, RaggedStats, memory_budget, run_ragged
 from pooltriton.contract import INPUT_IDS
 from pooltriton.contract.parameters import EncoderParameters
@@ -49,7 +49,7 @@ class EncoderShim:
         self.stats = RaggedStats()
         self.token_budget = parameters.ragged_token_budget or TOKEN_BUDGET
         self.max_width = parameters.max_length
-        self.counters = Counters(model.name, ("pooltriton_tokens_total", "pooltriton_padding_tokens_total", CANCELLED))
+        self.counters = Counters(model.name, ("pooltriton_tokens_total", "pooltriton_padding_tokens_total"))
         self.load(model.version_dir / filename, model)
         self.memory = None
         if parameters.memory_per_token is not None and parameters.memory_per_attention_cell is not None:
@@ -69,9 +69,6 @@ class EncoderShim:
         self.counters.close()
 
     def execute(self, requests: list) -> list:
-        return skip_cancelled(requests, self._execute, self.counters)
-
-    def _execute(self, requests: list) -> list:
         batch = [{name: input_array(request, name) for name in self.input_names} for request in requests]
         responses = [self._too_long(feeds) for feeds in batch]
         runnable = [index for index, refused in enumerate(responses) if refused is None]

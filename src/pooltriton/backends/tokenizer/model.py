@@ -17,13 +17,11 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from pooltriton.backends.common import (
-    CANCELLED,
     Counters,
     ModelArgs,
     error_response,
     input_array,
     request_parameters,
-    skip_cancelled,
     use_activation,
 )
 from pooltriton.contract import (
@@ -55,15 +53,12 @@ class TritonPythonModel:
         self.prompts = parameters.prompts
         self.default_prompt = parameters.default_prompt_name
         self.use_activation = parameters.use_activation
-        self.counters = Counters(model.name, ("pooltriton_truncations_total", CANCELLED))
+        self.counters = Counters(model.name, ("pooltriton_truncations_total",))
 
     def finalize(self) -> None:
         self.counters.close()
 
     def execute(self, requests: list) -> list:
-        return skip_cancelled(requests, self._execute, self.counters)
-
-    def _execute(self, requests: list) -> list:
         # Per request: an InputError, finished encodings (token-id input), or texts to encode; all text
         # requests then share one encode_batch call.
         parsed: list = []
