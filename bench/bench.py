@@ -377,11 +377,13 @@ def run(repository: Path, out: Path, count: int, concurrencies: list[int], grpc_
         results["baseline_sorted_runs"] = [before["tokens_per_s"], after["tokens_per_s"]]
         results["baseline_sorted"] = {**before, **{k: (before[k] + after[k]) / 2 for k in
                                                    ("texts_per_s", "tokens_per_s", "seconds")}}
-        latency = asyncio.run(single_text_latency(grpc_url, texts[:latency_texts], baseline, models))
-        results["baseline_latency"] = latency.pop("B")
-        results["served_latency"] = [{"model": model, **values} for model, values in latency.items()]
-        through = asyncio.run(gateway_latency(gateway_url, texts[:latency_texts], models))
-        results["gateway_latency"] = [{"model": model, **values} for model, values in through.items()]
+        # One idle text per path: short texts (issue 19's bounds, where fixed costs show), then long ones.
+        for key, sample in (("", shorts[:latency_texts]), ("long_", texts[:latency_texts])):
+            latency = asyncio.run(single_text_latency(grpc_url, sample, baseline, models))
+            results[f"{key}baseline_latency"] = latency.pop("B")
+            results[f"{key}served_latency"] = [{"model": model, **values} for model, values in latency.items()]
+            through = asyncio.run(gateway_latency(gateway_url, sample, models))
+            results[f"{key}gateway_latency"] = [{"model": model, **values} for model, values in through.items()]
         # Overload last (it leaves queues full for a while), through a gateway of its own with the deadline.
         gateway.terminate()
         gateway.wait(30)
@@ -415,11 +417,14 @@ def table(results: dict) -> str:
         rows.append((f"Triton {item['model']} short, 64 clients x 1", *_cells(item, short_base)))
     for item in results.get("gateway_short", []):
         rows.append((f"gateway {item['model']} short, 64 clients x 1", *_cells(item, short_base)))
-    for label, lat in [("B", results["baseline_latency"])] + [
-            (f"Triton {item['model']}", item) for item in results["served_latency"]] + [
-            (f"gateway {item['model']}", item) for item in results.get("gateway_latency", [])]:
-        rows.append((f"single text: {label}", "", "", "", f"{lat['p50_ms']:.1f}", f"{lat['p90_ms']:.1f}",
-                     f"{lat['p99_ms']:.1f}", "", "", ""))
+    for kind, key in (("short", ""), ("long", "long_")):
+        if f"{key}baseline_latency" not in results:
+            continue
+        for label, lat in [("B", results[f"{key}baseline_latency"])] + [
+                (f"Triton {item['model']}", item) for item in results[f"{key}served_latency"]] + [
+                (f"gateway {item['model']}", item) for item in results.get(f"{key}gateway_latency", [])]:
+            rows.append((f"single {kind} text: {label}", "", "", "", f"{lat['p50_ms']:.1f}", f"{lat['p90_ms']:.1f}",
+                         f"{lat['p99_ms']:.1f}", "", "", ""))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     lines = [" | ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
     lines.insert(1, "-+-".join("-" * w for w in widths))
@@ -448,7 +453,8 @@ def gateway_ratios(results: dict) -> list[str]:
         model = item["model"]
         over_grpc = item["p50_ms"] - grpc_latency[model]["p50_ms"]
         over_b = grpc_latency[model]["p50_ms"] - results["baseline_latency"]["p50_ms"]
-        lines.append(f"gateway - gRPC ({model}, one idle text): p50 {over_grpc:+.1f} ms; gRPC - B p50 {over_b:+.1f} ms")
+        lines.append(f"gateway - gRPC ({model}, one idle short text): p50 {over_grpc:+.1f} ms; "
+                     f"gRPC - B p50 {over_b:+.1f} ms")
     return lines
 
 
@@ -535,7 +541,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated client counts")
     parser.add_argument("--grpc-url", help="use a running server instead of starting one")
     parser.add_argument("--metrics-url", help="its metrics endpoint (for padding %%)")
-    parser.add_argument("--latency-texts", type=int, default=100)
+    parser.add_argument("--latency-texts", type=int, default=100,
+                        help="idle single texts per path, short and long each")
     parser.add_argument("--overload-clients", type=int, default=64)
     parser.add_argument("--overload-requests", type=int, default=3, help="requests per overload client")
     parser.add_argument("--deadline-s", type=float, default=QUEUE_TIMEOUT_MS / 1000,

@@ -40,7 +40,10 @@ def test_benchmark_end_to_end(tmp_path) -> None:
     assert ("Triton minilm_int8, 2 clients x 32" in result.stdout) == capabilities.vnni
     data = json.loads((out / "bench.json").read_text())
     assert {"baseline_sorted", "baseline_corpus_order", "served", "served_short", "served_latency",
-            "peak_rss_mb"} <= set(data)
+            "long_served_latency", "gateway_latency", "peak_rss_mb"} <= set(data)
+    # One idle text per path is measured on short texts (the bound) and on long ones.
+    assert "single short text: Triton minilm" in result.stdout and "single long text: B" in result.stdout
+    assert "gateway - gRPC (minilm, one idle short text)" in result.stdout
     assert data["machine"]["capabilities"]["class"] == capabilities.cpu_class
     assert [r["model"] for r in data["served"]] == [m for m in models for _ in (1, 2)]
     served = data["served"][-1]
