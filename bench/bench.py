@@ -256,11 +256,16 @@ async def through_gateway(base_url: str, texts: list[str], concurrency: int, mod
             "tokens_per_s": (real_tokens or 0) / seconds, "seconds": seconds, **percentiles(latencies)}
 
 
+# What an idle HTTP exchange with the gateway costs when it does no work: a route that does not exist.
+NO_WORK = "http exchange (404)"
+
+
 async def gateway_latency(base_url: str, texts: list[str], models: tuple[str, ...]) -> dict[str, dict]:
-    """One text at a time through the gateway, paused between calls like single_text_latency."""
+    """One text at a time through the gateway, paused between calls like single_text_latency; and as
+    often an exchange that reaches no route (NO_WORK): the HTTP part of the gateway's overhead."""
     import aiohttp
 
-    times: dict[str, list[float]] = {model: [] for model in models}
+    times: dict[str, list[float]] = {model: [] for model in (*models, NO_WORK)}
     async with aiohttp.ClientSession() as http:
         for text in texts:
             for model in models:
@@ -270,6 +275,11 @@ async def gateway_latency(base_url: str, texts: list[str], models: tuple[str, ..
                     answer.raise_for_status()
                     await answer.read()
                 times[model].append(time.perf_counter() - started)
+            await asyncio.sleep(PAUSE_S)
+            started = time.perf_counter()
+            async with http.get(f"{base_url}/no-such-route") as answer:
+                await answer.read()
+            times[NO_WORK].append(time.perf_counter() - started)
     return {model: percentiles(values) for model, values in times.items()}
 
 
@@ -451,6 +461,10 @@ def gateway_ratios(results: dict) -> list[str]:
                      f"{item['texts_per_s'] / grpc[model]['texts_per_s']:.2f} x throughput")
     for item in results.get("gateway_latency", []):
         model = item["model"]
+        if model == NO_WORK:
+            lines.append(f"gateway: one idle {NO_WORK}, no work done: p50 {item['p50_ms']:.1f} ms (the HTTP hop's "
+                         "share of gateway - gRPC)")
+            continue
         over_grpc = item["p50_ms"] - grpc_latency[model]["p50_ms"]
         over_b = grpc_latency[model]["p50_ms"] - results["baseline_latency"]["p50_ms"]
         lines.append(f"gateway - gRPC ({model}, one idle short text): p50 {over_grpc:+.1f} ms; "

@@ -44,6 +44,7 @@ def test_benchmark_end_to_end(tmp_path) -> None:
     # One idle text per path is measured on short texts (the bound) and on long ones.
     assert "single short text: Triton minilm" in result.stdout and "single long text: B" in result.stdout
     assert "gateway - gRPC (minilm, one idle short text)" in result.stdout
+    assert "gateway: one idle http exchange (404), no work done: p50" in result.stdout
     assert data["machine"]["capabilities"]["class"] == capabilities.cpu_class
     assert [r["model"] for r in data["served"]] == [m for m in models for _ in (1, 2)]
     served = data["served"][-1]
