@@ -102,6 +102,13 @@ def test_plan_chunks_sorts_and_respects_budget() -> None:
         assert len(chunk) * lengths[chunk].max() <= 600 or len(chunk) == 1
 
 
+def test_plan_chunks_of_one_row_is_that_row_whatever_its_length() -> None:
+    memory = MemoryModel(token_bytes=12288, cell_bytes=80, budget=1 << 20)
+    for length in (1, 30, 5000):  # 5,000 tokens: over both budgets, the caller's to refuse
+        chunks = plan_chunks(np.array([length]), token_budget=600, memory=memory)
+        assert [c.tolist() for c in chunks] == [[0]] and chunks[0].dtype == np.argsort(np.array([length])).dtype
+
+
 def test_plan_chunks_bounds_attention_memory_by_the_square_of_the_width() -> None:
     # 4 heads x 4 copies + 2 masks, 4 bytes: 80 bytes per query-key cell, 12 KB per token of a row.
     memory = MemoryModel(token_bytes=12288, cell_bytes=80, budget=6 << 30)

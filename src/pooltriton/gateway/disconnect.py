@@ -4,7 +4,7 @@ uvicorn lets a handler run to its end after the client disconnected; for the gat
 Triton computing embeddings nobody will read. This ASGI middleware watches the connection once the
 request body has been read and cancels the handler when the client disconnects: the handler's gRPC
 call to Triton is cancelled with it, and Triton drops the request from its queues and between
-ensemble steps (the Python stages skip cancelled requests in `execute` too).
+ensemble steps.
 """
 
 from __future__ import annotations
