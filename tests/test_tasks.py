@@ -108,6 +108,24 @@ def served(request, tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
     assert server.stop() == 0
 
 
+def test_torchscript_encoders_name_their_arguments_as_their_config_inputs(served) -> None:
+    """Triton's native libtorch backend (the GPU image) binds inputs by the names of forward's arguments
+    (else by <name>__<index>): every TorchScript encoder's must be its config's inputs, in order."""
+    from pooltriton.contract.config import parse_config
+
+    runtime, _client, _server, repository = served
+    if runtime != "torchscript":
+        pytest.skip("TorchScript exports only")
+    encoders = sorted(repository.glob("*_encoder/1/model.pt"))
+    assert len(encoders) >= 5
+    seen = set()
+    for path in encoders:
+        inputs = [tensor.name for tensor in parse_config(path.parent.parent / "config.pbtxt").input]
+        arguments = [argument.name for argument in torch.jit.load(str(path)).forward.schema.arguments][1:]
+        assert arguments == inputs, path
+        seen.add(tuple(inputs))
+    assert len(seen) >= 2  # with and without token_type_ids / activate
+
 def file_tokenizer(folder: Path) -> PreTrainedTokenizerFast:
     """HF's wrapper around the model's own tokenizer.json, as the served tokenizer stage uses it.
 

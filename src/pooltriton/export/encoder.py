@@ -269,11 +269,30 @@ def export_onnx(encoder: PoolingEncoder, path: Path, max_length: int) -> None:
     program.save(str(path))
 
 
+class NamedInputs(nn.Module):
+    """The encoder with forward's arguments named as its config's inputs. Triton's native libtorch
+    backend binds inputs by those names (else by `<name>__<index>`); a traced `*extra` gets made-up ones
+    (`input`, `argument_4`), which it would refuse. Traced with keyword inputs, so only the encoder's own
+    inputs become arguments, in this order (the config's)."""
+
+    def __init__(self, encoder: PoolingEncoder) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                activate: torch.Tensor | None = None) -> torch.Tensor:
+        return self.encoder(input_ids, attention_mask, *(t for t in (token_type_ids, activate) if t is not None))
+
+
 def export_torchscript(encoder: PoolingEncoder, path: Path, device: str = "cpu") -> None:
     """torch.jit.trace on the serving device (a trace bakes in the device of the tensors it creates);
     the mask is built from tensor ops in forward, so the trace is shape-generic."""
+    names = list(inspect.signature(NamedInputs.forward).parameters)[1:]
+    if ACTIVATE not in names or [n for n in names if n in encoder.input_names] != list(encoder.input_names):
+        raise ResolutionError(f"TorchScript export names its inputs {names}, not {list(encoder.input_names)}")
     path.parent.mkdir(parents=True, exist_ok=True)
+    inputs = dict(zip(encoder.input_names, sample_inputs(encoder, device=device)))
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        traced = torch.jit.trace(encoder, sample_inputs(encoder, device=device), check_trace=False, strict=False)
+        traced = torch.jit.trace(NamedInputs(encoder), example_kwarg_inputs=inputs, check_trace=False, strict=False)
     traced.save(str(path))
