@@ -126,6 +126,7 @@ def test_torchscript_encoders_name_their_arguments_as_their_config_inputs(served
         seen.add(tuple(inputs))
     assert len(seen) >= 2  # with and without token_type_ids / activate
 
+
 def file_tokenizer(folder: Path) -> PreTrainedTokenizerFast:
     """HF's wrapper around the model's own tokenizer.json, as the served tokenizer stage uses it.
 

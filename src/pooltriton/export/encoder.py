@@ -288,7 +288,7 @@ def export_torchscript(encoder: PoolingEncoder, path: Path, device: str = "cpu")
     """torch.jit.trace on the serving device (a trace bakes in the device of the tensors it creates);
     the mask is built from tensor ops in forward, so the trace is shape-generic."""
     names = list(inspect.signature(NamedInputs.forward).parameters)[1:]
-    if ACTIVATE not in names or [n for n in names if n in encoder.input_names] != list(encoder.input_names):
+    if [n for n in names if n in encoder.input_names] != list(encoder.input_names):
         raise ResolutionError(f"TorchScript export names its inputs {names}, not {list(encoder.input_names)}")
     path.parent.mkdir(parents=True, exist_ok=True)
     inputs = dict(zip(encoder.input_names, sample_inputs(encoder, device=device)))
