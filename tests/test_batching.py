@@ -30,13 +30,19 @@ async def _fire(url: str, texts: list[str],
         return result.as_numpy("EMBEDDING")
 
     vectors = await asyncio.gather(*(one(t) for t in texts))
-    after = await client.get_inference_statistics(headers=headers)
+    # A stage reports a batch's statistics after it has sent the batch's answers, so the last batch may
+    # not be counted yet when its answers arrive: read until every answered request is (bounded).
+    for _ in range(100):
+        after = await client.get_inference_statistics(headers=headers)
+        deltas = {}
+        for name in names:
+            inferences_0, executions_0 = model_counts(before, name)
+            inferences_1, executions_1 = model_counts(after, name)
+            deltas[name] = (inferences_1 - inferences_0, executions_1 - executions_0)
+        if all(inferences >= len(texts) for inferences, _ in deltas.values()):
+            break
+        await asyncio.sleep(0.1)
     await client.close()
-    deltas = {}
-    for name in names:
-        inferences_0, executions_0 = model_counts(before, name)
-        inferences_1, executions_1 = model_counts(after, name)
-        deltas[name] = (inferences_1 - inferences_0, executions_1 - executions_0)
     return vectors, deltas
 
 
