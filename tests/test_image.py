@@ -40,6 +40,11 @@ def _engine_up() -> bool:
     return shutil.which("docker") is not None and _run("docker", "info", check=False, timeout=30).returncode == 0
 
 
+def _images() -> set[str]:
+    """Every image the engine holds, intermediate ones included."""
+    return set(_run("docker", "images", "-a", "-q", "--no-trunc").stdout.split())
+
+
 @pytest.fixture(scope="module")
 def docker(tmp_path_factory: pytest.TempPathFactory):
     """A running Docker engine: the one there is, or one started here (and stopped after)."""
@@ -65,20 +70,28 @@ def docker(tmp_path_factory: pytest.TempPathFactory):
         _run("mmdebstrap", "--variant=minbase", "--include=ca-certificates", "bookworm", str(rootfs), timeout=600)
         _run("docker", "import", str(rootfs), BASE, timeout=300)
         made_base = True
+    before = _images()
     yield
     _run("docker", "rmi", "-f", IMAGE, check=False)
+    # The legacy builder keeps each stage's image: the export stage (torch, the exports: ~4 GiB) is no
+    # parent of the final image, so removing that leaves it dangling, and every run filled the disk more.
+    made = _images() - before
+    if made:
+        _run("docker", "rmi", "-f", *made, check=False)
+    left = _images() & made
     if made_base:
         _run("docker", "rmi", BASE, check=False)
     if daemon is not None:
         daemon.terminate()
         daemon.wait(60)
+    assert not left, f"images this test built are still there: {sorted(left)}"
 
 
 @pytest.fixture(scope="module")
 def image(docker) -> str:
     started = time.monotonic()
     _run("make", "image-wheelhouse", cwd=ROOT, timeout=900)
-    built = _run("docker", "build", "--network", "host", "--target", "cpu", "-t", IMAGE, ".", cwd=ROOT,
+    built = _run("docker", "build", "--force-rm", "--network", "host", "--target", "cpu", "-t", IMAGE, ".", cwd=ROOT,
                  timeout=1800, env={**os.environ, "DOCKER_BUILDKIT": "0"})
     size = int(_run("docker", "image", "inspect", "--format", "{{.Size}}", IMAGE).stdout)
     print(f"\nimage {IMAGE}: {size / 2**20:.0f} MiB, wheelhouse + build {time.monotonic() - started:.0f} s")
