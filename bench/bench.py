@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from pooltriton.client.triton import AsyncPoolingClient
-from pooltriton.contract import ACTIVATE, ADMIN_KEY_ENV, QUEUE_SIZE, QUEUE_TIMEOUT_MS, admin_headers, stages
+from pooltriton.contract import ACTIVATE, ADMIN_KEY_ENV, QUEUE_SIZE, QUEUE_TIMEOUT_MS, TEXT, admin_headers, stages
 from pooltriton.contract.config import parse_config
 from pooltriton.core.capabilities import detect
 from pooltriton.export.defaults import exported_defaults
@@ -326,6 +326,53 @@ async def overload(base_url: str, texts: list[str], model: str, clients: int, pe
             "answer_max_s": max(answered, default=None)}
 
 
+async def overload_grpc(grpc_url: str, texts: list[str], model: str, clients: int, per_client: int,
+                        batch: int = 32, warm_up: int = 12) -> dict:
+    """The same overload from raw tritonclient gRPC callers (no gateway, no pooltriton client): what the
+    tokenizer stage's admission by work does for them (backends.workboard). Refused: UNAVAILABLE that
+    says when to retry (admission); other: anything else (a queue timeout among them)."""
+    import tritonclient.grpc.aio as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from pooltriton.contract.admission import retry_after_in
+    from pooltriton.contract.requests import text_array
+
+    requests = [texts[(i * batch) % len(texts):][:batch] or texts[:batch] for i in range(clients * per_client)]
+    client = grpcclient.InferenceServerClient(grpc_url)
+    outcomes: list[tuple[str, float]] = []
+
+    async def one(body: list[str]) -> str:
+        tensor = grpcclient.InferInput(TEXT, [len(body), 1], "BYTES")
+        tensor.set_data_from_numpy(text_array(body, batched=True))
+        try:
+            await client.infer(model, [tensor])
+            return "answered"
+        except InferenceServerException as error:
+            return "refused" if retry_after_in(str(error)) is not None else "other"
+
+    try:
+        for body in requests[:warm_up]:
+            assert await one(body) == "answered"
+
+        async def caller(index: int) -> None:
+            for body in requests[index::clients]:
+                started = time.perf_counter()
+                outcomes.append((await one(body), time.perf_counter() - started))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(caller(i) for i in range(clients)))
+        seconds = time.perf_counter() - started
+    finally:
+        await client.close()
+    answered = [t for kind, t in outcomes if kind == "answered"]
+    refused = [t for kind, t in outcomes if kind == "refused"]
+    return {"model": model, "requests": len(outcomes), "clients": clients, "batch": batch,
+            "answered": len(answered), "refused": len(refused), "other": len(outcomes) - len(answered) - len(refused),
+            "seconds": seconds, "refusal_p99_ms": 1000 * float(np.percentile(refused, 99)) if refused else None,
+            "answer_p99_s": float(np.percentile(answered, 99)) if answered else None,
+            "answer_max_s": max(answered, default=None)}
+
+
 def start_gateway(grpc_url: str, port: int, log: Path, *options: str):
     """The gateway as deployed: its own process (`python -m pooltriton.gateway`), ready when /health is."""
     import subprocess
@@ -405,13 +452,16 @@ def run(repository: Path, out: Path, count: int, concurrencies: list[int], grpc_
             results[f"{key}served_latency"] = [{"model": model, **values} for model, values in latency.items()]
             through = asyncio.run(gateway_latency(gateway_url, sample, models))
             results[f"{key}gateway_latency"] = [{"model": model, **values} for model, values in through.items()]
-        # Overload last (it leaves queues full for a while), through a gateway of its own with the deadline.
+        # Overload last (it leaves queues full for a while): from raw gRPC callers (the deadline is Triton's
+        # queue timeout), then through a gateway of its own with the deadline.
+        long_texts = sorted(texts, key=len)[len(texts) // 2:]  # the longer half: requests of real work
+        results["overload_grpc"] = asyncio.run(overload_grpc(grpc_url, long_texts, models[0], overload_clients,
+                                                             overload_per_client))
         gateway.terminate()
         gateway.wait(30)
         gateway_port = port()
         gateway_url = f"http://127.0.0.1:{gateway_port}"
         gateway = start_gateway(grpc_url, gateway_port, out / "gateway.log", "--deadline-s", str(deadline_s))
-        long_texts = sorted(texts, key=len)[len(texts) // 2:]  # the longer half: requests of real work
         results["overload"] = asyncio.run(overload(gateway_url, long_texts, models[0], overload_clients,
                                                    overload_per_client, deadline_s))
         if server is not None:
@@ -484,15 +534,20 @@ def gateway_ratios(results: dict) -> list[str]:
 
 
 def overload_lines(results: dict) -> list[str]:
-    item = results.get("overload")
-    if not item:
-        return []
-    refusal = f"{item['refusal_p99_ms']:.0f} ms" if item["refusal_p99_ms"] is not None else "-"
-    answer = (f"p99 {item['answer_p99_s']:.1f} s, max {item['answer_max_s']:.1f} s"
-              if item["answer_p99_s"] is not None else "-")
-    return [f"overload ({item['model']}, {item['clients']} clients, {item['requests']} requests of {item['batch']} "
-            f"long texts, deadline {item['deadline_s']:g} s, through the gateway): {item['answered']} answered "
-            f"({answer}), {item['refused']} refused at once (p99 {refusal}), {item['other']} other errors"]
+    lines = []
+    for key, path in (("overload_grpc", "raw gRPC callers, Triton's queue timeout"),
+                      ("overload", "through the gateway")):
+        item = results.get(key)
+        if not item:
+            continue
+        refusal = f"{item['refusal_p99_ms']:.0f} ms" if item["refusal_p99_ms"] is not None else "-"
+        answer = (f"p99 {item['answer_p99_s']:.1f} s, max {item['answer_max_s']:.1f} s"
+                  if item["answer_p99_s"] is not None else "-")
+        deadline = f"deadline {item['deadline_s']:g} s, " if "deadline_s" in item else ""
+        lines.append(f"overload ({item['model']}, {item['clients']} clients, {item['requests']} requests of "
+                     f"{item['batch']} long texts, {deadline}{path}): {item['answered']} answered ({answer}), "
+                     f"{item['refused']} refused at once (p99 {refusal}), {item['other']} other errors")
+    return lines
 
 
 def queue_sizing(results: dict) -> list[str]:

@@ -1,5 +1,6 @@
-"""Admission by work (issue 19): the pure policy on a clock the test drives, and the gateway's 429 with
-Retry-After when a request cannot start within its deadline (a fake transport, no server)."""
+"""Admission by work (issue 19): the pure policy on a clock the test drives, the gateway's 429 with
+Retry-After when a request cannot start within its deadline (a fake transport, no server), and the
+tokenizer stage's board (test_overload has both against a real server)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 from test_gateway_routes import FakeClient
 
-from pooltriton.contract.admission import DEADLINE_SHARE, Admission
+from pooltriton.backends.workboard import BUSY, IN_TRANSIT_S, OWNER, EncoderRow, TokenizerRow, board_path, stub_argv
+from pooltriton.contract.admission import DEADLINE_SHARE, MIN_ANSWERS, Admission, retry_after_in, retry_phrase
 from pooltriton.gateway import create_app
 
 
@@ -104,3 +106,90 @@ def test_usage_moves_the_rate() -> None:
     admission.done(100, 1000, 4000, now=1.3)  # an answer of 1,000 tokens in 0.1 s
     assert admission.tokens_per_s > before
     assert np.isfinite(admission.tokens_per_s)
+
+
+# The same rule inside Triton (backends.workboard): the tokenizer stage admits by the tokens queued for
+# its encoder and the rate the encoder measured; both sides here, on a board in a temporary file.
+
+
+def encoder_at_1000_tokens_per_s(path, batches: int = MIN_ANSWERS) -> EncoderRow:
+    encoder = EncoderRow(path)
+    for _ in range(int(batches)):
+        encoder.started()
+        encoder.finished(100, 0.1, now=time.monotonic())
+    return encoder
+
+
+def test_the_tokenizer_stage_refuses_work_its_encoder_cannot_clear_within_the_queue_timeout(tmp_path) -> None:
+    path = tmp_path / "board"
+    encoder = encoder_at_1000_tokens_per_s(path)
+    tokenizer = TokenizerRow(path, deadline_s=2.5)  # admits 2.0 s of work (DEADLINE_SHARE)
+    assert tokenizer.tokens_per_s() == pytest.approx(1000)
+    encoder.started()  # busy with a batch, the rest queued behind it
+    assert tokenizer.admit(1500) is None  # nothing queued: admitted, however long
+    assert tokenizer.admit(400) is None  # 1.9 s
+    refusal = tokenizer.admit(200)  # 2.1 s
+    assert refusal is not None and refusal.wait_s == pytest.approx(2.1) and refusal.retry_after_s == 1
+    assert retry_after_in(f"overloaded ...; {retry_phrase(refusal)}") == 1
+    assert tokenizer.queued(time.monotonic()) == pytest.approx(1900)  # the refused request holds nothing
+    encoder.finished(1500, 1.5, now=time.monotonic())  # the encoder clears the first request
+    encoder.started()
+    assert tokenizer.admit(200) is None  # 0.6 s
+    for row in (tokenizer, encoder):
+        row.close()
+
+
+def test_work_dropped_between_the_stages_is_forgotten_when_the_encoder_idles(tmp_path) -> None:
+    """A request Triton drops before the encoder (full queue, cancellation, queue timeout) is never finished:
+    while the encoder works it counts as queued, once the encoder idles it is forgotten."""
+    path = tmp_path / "board"
+    encoder = encoder_at_1000_tokens_per_s(path)
+    tokenizer = TokenizerRow(path, deadline_s=2.5)
+    encoder.started()
+    assert tokenizer.admit(1000) is None and tokenizer.admit(900) is None
+    encoder.finished(1000, 1.0, now=time.monotonic())  # the 900 tokens never arrive
+    now = time.monotonic()
+    assert tokenizer.queued(now) == pytest.approx(900)  # the encoder just finished: they may be in transit
+    assert tokenizer.queued(now + IN_TRANSIT_S + 0.01) == 0  # idle since: nothing is queued
+    encoder.started()
+    assert tokenizer.admit(1800, now=now + 1) is None
+    assert tokenizer.queued(now + 1) == pytest.approx(1800)  # counted from there on
+    for row in (tokenizer, encoder):
+        row.close()
+
+
+def test_the_tokenizer_stage_admits_everything_before_its_encoder_measured_a_rate(tmp_path) -> None:
+    path = tmp_path / "board"
+    encoder = encoder_at_1000_tokens_per_s(path, batches=MIN_ANSWERS - 1)
+    tokenizer = TokenizerRow(path, deadline_s=1.0)
+    encoder.started()
+    assert tokenizer.tokens_per_s() is None
+    assert all(tokenizer.admit(10**5) is None for _ in range(3))
+    encoder.finished(100, 0.1, now=time.monotonic())  # the MIN_ANSWERS-th batch
+    encoder.started()
+    assert tokenizer.admit(10) is not None
+    for row in (tokenizer, encoder):
+        row.close()
+
+
+def test_a_dead_stage_instance_leaves_its_row_and_is_not_busy_for_ever(tmp_path) -> None:
+    path = tmp_path / "board"
+    encoder = encoder_at_1000_tokens_per_s(path)
+    encoder.started()
+    encoder.row[OWNER] = 2**22 + 1  # above Linux's largest pid: the encoder was killed mid-batch
+    restarted = EncoderRow(path)  # Triton restarts the stub; it claims a row of its own
+    assert restarted.row is not encoder.row
+    assert encoder.rows[:, BUSY].sum() == 0
+    tokenizer = TokenizerRow(path, deadline_s=1.0)
+    now = time.monotonic()
+    assert tokenizer.queued(now + 1) == 0
+    for row in (tokenizer, restarted):
+        row.close(remove=True)
+    assert not path.exists()
+
+
+def test_the_board_is_named_after_the_servers_shared_memory_regions() -> None:
+    argv = ["/opt/backends/python/triton_python_backend_stub", "model.py",
+            "pooltriton1p8000_d5da761e-cfe7-4aeb-9769-cda56eaf08e1", "1", "1", "42"]
+    assert str(board_path(argv, "minilm_encoder")) == "/dev/shm/pooltriton1p8000_work42_minilm_encoder"
+    assert board_path(stub_argv(), "minilm_encoder") is None  # not a stub: this is pytest

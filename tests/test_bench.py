@@ -55,6 +55,9 @@ def test_benchmark_end_to_end(tmp_path) -> None:
     overload = data["overload"]
     assert overload["requests"] == 4 and overload["answered"] + overload["refused"] == 4 and overload["other"] == 0
     assert "overload (minilm, 4 clients, 4 requests of 32 long texts, deadline 30 s" in result.stdout
+    direct = data["overload_grpc"]
+    assert direct["requests"] == 4 and direct["answered"] + direct["refused"] == 4 and direct["other"] == 0
+    assert "overload (minilm, 4 clients, 4 requests of 32 long texts, raw gRPC callers" in result.stdout
 
 
 def test_gpu_benchmark_script_runs_on_the_cpu(tmp_path) -> None:

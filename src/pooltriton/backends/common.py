@@ -8,6 +8,7 @@ from typing import Any, ClassVar, TypeVar
 
 import triton_python_backend_utils as pb_utils
 
+from pooltriton.contract.admission import retry_after_in
 from pooltriton.contract.config import read_parameters
 from pooltriton.contract.parameters import StageParameters
 from pooltriton.contract.requests import text_array
@@ -47,6 +48,12 @@ class ModelArgs:
         return json.loads(self.parameters[key]) if key in self.parameters else default
 
 
+def queue_timeout_s(config: dict[str, Any]) -> float:
+    """The stage's queue timeout (its dynamic batching's default queue policy), 0 without one."""
+    policy = config.get("dynamic_batching", {}).get("default_queue_policy", {})
+    return int(policy.get("default_timeout_microseconds", 0)) / 1e6  # JSON writes 64-bit ints as text
+
+
 def request_parameters(request: Any) -> dict[str, Any]:
     """KServe request parameters (e.g. {"truncate": "END"}); they reach every model of an ensemble."""
     raw = request.parameters()
@@ -84,8 +91,8 @@ def called_model_code(code: Any, message: str) -> Any:
     """The code a BLS error stands for: its own where Triton kept it, else recovered (see above)."""
     if code != pb_utils.TritonError.INTERNAL:
         return code
-    if any(fragment in message for fragment in RETRYABLE_CORE_MESSAGES):
-        return pb_utils.TritonError.UNAVAILABLE
+    if any(fragment in message for fragment in RETRYABLE_CORE_MESSAGES) or retry_after_in(message) is not None:
+        return pb_utils.TritonError.UNAVAILABLE  # ... or the tokenizer's admission by work
     return pb_utils.TritonError.INVALID_ARG
 
 

@@ -9,6 +9,7 @@ as BACKENDS/<name>/model.py). Each shim reads the parameters of the native backe
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import triton_python_backend_utils as pb_utils
 
 from pooltriton.backends.common import Counters, ModelArgs, error_response, input_array
 from pooltriton.backends.ragged import TOKEN_BUDGET, MemoryModel, RaggedStats, memory_budget, run_ragged
+from pooltriton.backends.workboard import EncoderRow, board_path, stub_argv
 from pooltriton.contract import INPUT_IDS
 from pooltriton.contract.parameters import EncoderParameters
 
@@ -51,6 +53,14 @@ class EncoderShim:
         self.max_width = parameters.max_length
         self.counters = Counters(model.name, ("pooltriton_tokens_total", "pooltriton_padding_tokens_total"))
         self.load(model.version_dir / filename, model)
+        # What it finished and how fast, for the tokenizer's admission by work (backends.workboard).
+        path = board_path(stub_argv(), model.name)
+        self.board = None
+        if path is not None:
+            try:
+                self.board = EncoderRow(path)
+            except OSError as error:
+                pb_utils.Logger.log_warn(f"{model.name}: no admission by work ({error})")
         self.memory = None
         if parameters.memory_per_token is not None and parameters.memory_per_attention_cell is not None:
             instances = sum(group.get("count", 1) for group in model.config.get("instance_group", [])) or 1
@@ -67,9 +77,23 @@ class EncoderShim:
 
     def finalize(self) -> None:
         self.counters.close()
+        if self.board is not None:
+            self.board.close(remove=True)
 
     def execute(self, requests: list) -> list:
-        batch = [{name: input_array(request, name) for name in self.input_names} for request in requests]
+        started = time.monotonic()
+        if self.board is not None:
+            self.board.started()
+        batch: list[dict[str, np.ndarray]] = []
+        try:
+            batch = [{name: input_array(request, name) for name in self.input_names} for request in requests]
+            return self._execute(batch)
+        finally:  # every request it was handed is off the queue, answered or not
+            if self.board is not None:
+                now = time.monotonic()
+                self.board.finished(sum(int(_lengths(feeds).sum()) for feeds in batch), now - started, now)
+
+    def _execute(self, batch: list[dict[str, np.ndarray]]) -> list:
         responses = [self._too_long(feeds) for feeds in batch]
         runnable = [index for index, refused in enumerate(responses) if refused is None]
         if not runnable:
@@ -91,9 +115,7 @@ class EncoderShim:
         budget even alone (None when it fits): refused before anything runs, the rest of the batch runs."""
         if self.memory is None:
             return None
-        mask = feeds.get("attention_mask")
-        lengths = mask.sum(axis=1) if mask is not None else np.full(len(feeds[INPUT_IDS]), feeds[INPUT_IDS].shape[1])
-        longest = int(lengths.max(initial=0))
+        longest = int(_lengths(feeds).max(initial=0))
         if self.memory.row_bytes(longest) <= self.memory.budget:
             return None
         gib = 1 << 30
@@ -103,3 +125,9 @@ class EncoderShim:
             f"{self.memory.budget / gib:.1f} GiB: at most {self.memory.longest()} tokens fit; send shorter texts "
             "or raise the encoder's memory_budget")
 
+
+
+def _lengths(feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """Real tokens per text of one request (the attention mask's, else its full width)."""
+    mask = feeds.get("attention_mask")
+    return mask.sum(axis=1) if mask is not None else np.full(len(feeds[INPUT_IDS]), feeds[INPUT_IDS].shape[1])

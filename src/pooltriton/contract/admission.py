@@ -12,6 +12,7 @@ of 128 though they hold ~45 s of work; this counts the work.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 # Measured rates forget with this time constant (seconds): the server's speed is the recent one.
@@ -50,6 +51,28 @@ class Refusal:
     retry_after_s: int  # when enough queued work should have cleared for it to fit
 
 
+# How a refusal that crossed Triton (an error message, its only channel) says when to retry.
+_RETRY = "retry after {} s"
+_RETRY_PATTERN = re.compile(r"retry after (\d+) s")
+
+
+def retry_phrase(refusal: Refusal) -> str:
+    return _RETRY.format(refusal.retry_after_s)
+
+
+def retry_after_in(message: str) -> int | None:
+    """The seconds a refusal's message says to wait (retry_phrase), None if it says none."""
+    found = _RETRY_PATTERN.search(message)
+    return int(found.group(1)) if found else None
+
+
+def refuse(queued: float, tokens: float, rate: float, budget_s: float) -> Refusal | None:
+    """The rule both fronts apply (the gateway's Admission, the tokenizer stage's board): refused when
+    the queued work and this request's own would not clear within the budget at `rate` tokens/s."""
+    wait = (queued + tokens) / rate
+    return Refusal(wait, max(1, math.ceil(wait - budget_s))) if wait > budget_s else None
+
+
 class Admission:
     """One served model's queued work as seen from one front (the gateway, or one client)."""
 
@@ -83,9 +106,9 @@ class Admission:
         alone is never refused outright; it runs when the model is free)."""
         rate = self.tokens_per_s
         if rate is not None and self._in_flight > 0 and self._answers.at_time(now) >= MIN_ANSWERS:
-            wait = (self.queued_tokens + tokens) / rate
-            if wait > self.budget_s:
-                return Refusal(wait, max(1, math.ceil(wait - self.budget_s)))
+            refusal = refuse(self.queued_tokens, tokens, rate, self.budget_s)
+            if refusal is not None:
+                return refusal
         self._account(now)
         self._in_flight += 1
         self.queued_tokens += tokens

@@ -70,6 +70,8 @@ class TokenizerParameters(StageParameters):
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts by name
     default_prompt_name: str | None = None
     use_activation: bool = True  # ACTIVATE where a request does not say (embed: the model's Normalize)
+    # The encoder stage it feeds: admission by work shares that encoder's board (backends.workboard).
+    encoder: str | None = None
 
 
 @dataclass(frozen=True)

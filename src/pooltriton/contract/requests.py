@@ -26,6 +26,7 @@ from pooltriton.contract import (
     TEXT_PAIR,
     TOKEN_COUNTS,
 )
+from pooltriton.contract.admission import retry_after_in
 from pooltriton.contract.config import read_parameters
 from pooltriton.contract.parameters import EnsembleParameters
 from pooltriton.core.scoring import split_tokens
@@ -186,6 +187,11 @@ class Failure:
     @property
     def retryable(self) -> bool:
         return self.status == 503
+
+    @property
+    def retry_after_s(self) -> int | None:
+        """When to retry, where the server said (the tokenizer stage's admission by work)."""
+        return retry_after_in(self.message)
 
 
 def classify(error: Exception) -> Failure:

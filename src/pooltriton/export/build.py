@@ -410,7 +410,7 @@ def _tokenizer_config(name: str, options: ExportOptions, config: PoolerConfig, t
         max_length=config.max_length, pad_token_id=pad_token_id, outputs=tuple(tensors.token_outputs),
         pad_to_buckets=None if ragged else (*(b for b in BUCKETS if b < config.max_length), config.max_length),
         prompts=dict(config.prompts), default_prompt_name=config.default_prompt_name if config.prompts else None,
-        use_activation=config.use_activation)
+        use_activation=config.use_activation, encoder=stages(options.name).encoder)
     return ModelConfig(
         name=name, backend="tokenizer", max_batch_size=MAX_BATCH_SIZE, inputs=tensors.text_inputs,
         outputs=[*(_token_tensor(n) for n in tensors.token_outputs), tensors.prompt_tokens,

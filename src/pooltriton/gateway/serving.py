@@ -41,8 +41,9 @@ class Serving:
 
     async def __call__(self, call: Awaitable[T]) -> T:
         """A service call. Triton's error keeps its code: UNAVAILABLE from a server that is ready means
-        its queue is full (or the request waited past the queue timeout): 429 with Retry-After, the
-        client's to retry; from a server that is not, 503."""
+        its queue is full, the request waited past the queue timeout, or the tokenizer's admission by work
+        refused it: 429 with Retry-After (as that refusal says, else RETRY_AFTER_S), the client's to retry;
+        from a server that is not, 503."""
         try:
             return await call
         except RequestError as error:
@@ -54,7 +55,8 @@ class Serving:
         except InferenceServerException as error:
             failure = classify(error)
             if failure.retryable and await self.service.ready():
-                raise APIError(429, f"overloaded, retry later: {failure.message}", retry_after=RETRY_AFTER_S) from None
+                raise APIError(429, f"overloaded, retry later: {failure.message}",
+                               retry_after=failure.retry_after_s or RETRY_AFTER_S) from None
             raise APIError(failure.status, failure.message) from None
 
 

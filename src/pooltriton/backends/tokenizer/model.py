@@ -4,7 +4,9 @@ and PROMPT_TOKENS (tokens per text after truncation, for usage).
 Each request is padded to its own longest text (or to a bucket length); the encoder batches the
 ragged results. Per-request parameters: "truncate": NONE (default: reject over-length), END, START;
 "max_tokens": a lower limit than the model's (vLLM's truncate_prompt_tokens); "use_activation" becomes
-ACTIVATE for an embed encoder, which normalises in its graph. Called on its own,
+ACTIVATE for an embed encoder, which normalises in its graph. Admission by work: a request whose tokens
+could not clear the encoder within its queue timeout, behind the work queued there, is refused at once
+(UNAVAILABLE, retryable; backends.workboard). Called on its own,
 "mode" "tokenize" (with "add_special_tokens") returns a text's ids untruncated, and "detokenize"
 (TEXT items are JSON lists of ids, optional "skip_special_tokens") returns DETOKENIZED texts.
 """
@@ -21,9 +23,11 @@ from pooltriton.backends.common import (
     ModelArgs,
     error_response,
     input_array,
+    queue_timeout_s,
     request_parameters,
     use_activation,
 )
+from pooltriton.backends.workboard import TokenizerRow, board_path, stub_argv
 from pooltriton.contract import (
     ACTIVATE,
     ATTENTION_MASK,
@@ -36,6 +40,7 @@ from pooltriton.contract import (
     TOKEN_TYPE_IDS,
     TOKENIZE,
 )
+from pooltriton.contract.admission import retry_phrase
 from pooltriton.contract.parameters import TokenizerParameters
 from pooltriton.contract.requests import text_array
 from pooltriton.core.semantics import Truncation
@@ -54,21 +59,33 @@ class TritonPythonModel:
         self.default_prompt = parameters.default_prompt_name
         self.use_activation = parameters.use_activation
         self.counters = Counters(model.name, ("pooltriton_truncations_total",))
+        self.encoder = parameters.encoder
+        self.board = None
+        path = board_path(stub_argv(), parameters.encoder) if parameters.encoder else None
+        if path is not None and queue_timeout_s(model.config) > 0:
+            try:
+                self.board = TokenizerRow(path, queue_timeout_s(model.config))
+            except OSError as error:
+                pb_utils.Logger.log_warn(f"{model.name}: no admission by work ({error})")
 
     def finalize(self) -> None:
         self.counters.close()
+        if self.board is not None:
+            self.board.close(remove=True)
 
     def execute(self, requests: list) -> list:
         # Per request: an InputError, finished encodings (token-id input), or texts to encode; all text
         # requests then share one encode_batch call.
         parsed: list = []
         activate: list[bool] = []  # per request (ACTIVATE, read by an embed encoder)
+        encodes: list[bool] = []  # per request: its tokens go on to the encoder (not tokenize mode)
         for request in requests:
             try:
                 parameters = request_parameters(request)
                 activate.append(use_activation(parameters, self.use_activation))
                 texts = decode_texts(input_array(request, TEXT))
                 mode = parameters.get("mode")
+                encodes.append(mode not in (TOKENIZE, DETOKENIZE))
                 if mode == DETOKENIZE:
                     parsed.append(self._detokenize(texts, parameters))
                     continue
@@ -89,9 +106,10 @@ class TritonPythonModel:
             except (InputError, ValueError) as error:
                 parsed.append(InputError(str(error)))
             activate += [False] * (len(parsed) - len(activate))
+            encodes += [False] * (len(parsed) - len(encodes))
         encoded = iter(self.tokenizer.encode_requests([tuple(p) for p in parsed if isinstance(p, list)]))
         responses = []
-        for item, activated in zip(parsed, activate, strict=True):
+        for item, activated, encoding in zip(parsed, activate, encodes, strict=True):
             result = next(encoded) if isinstance(item, list) else item
             if isinstance(result, pb_utils.InferenceResponse):
                 responses.append(result)
@@ -101,7 +119,7 @@ class TritonPythonModel:
                 continue
             encodings, truncated = result
             self.counters.add("pooltriton_truncations_total", truncated)
-            responses.append(self._response(encodings, activated))
+            responses.append(self._response(encodings, activated, encoding))
         return responses
 
     def _prompt(self, name: object) -> str:
@@ -113,8 +131,14 @@ class TritonPythonModel:
             raise InputError(f"unknown prompt_name {name!r}: this model's prompts are {known}")
         return self.prompts[name]
 
-    def _response(self, encodings: list, activate: bool) -> object:
+    def _response(self, encodings: list, activate: bool, encoding: bool) -> object:
         ids, mask, types, lengths = self.tokenizer.pad(encodings, self.buckets)
+        refusal = self.board.admit(int(lengths.sum())) if self.board is not None and encoding else None
+        if refusal is not None:
+            return error_response(
+                f"overloaded: {self.encoder} has ~{refusal.wait_s:.1f} s of work queued with this request's, "
+                f"over the {self.board.budget_s:g} s it admits within its {self.board.deadline_s:g} s queue "
+                f"timeout; {retry_phrase(refusal)}", pb_utils.TritonError.UNAVAILABLE)
         arrays = {INPUT_IDS: ids, ATTENTION_MASK: mask, TOKEN_TYPE_IDS: types, PROMPT_TOKENS: lengths.reshape(-1, 1),
                   ACTIVATE: np.full((len(ids), 1), int(activate), dtype=np.int64)}
         return pb_utils.InferenceResponse([pb_utils.Tensor(n, np.ascontiguousarray(arrays[n]))
