@@ -317,11 +317,18 @@ async def overload(base_url: str, texts: list[str], model: str, clients: int, pe
         started = time.perf_counter()
         await asyncio.gather(*(client(i) for i in range(clients)))
         seconds = time.perf_counter() - started
-    answered = [t for status, t in outcomes if status == 200]
-    refused = [t for status, t in outcomes if status == 429]
-    return {"model": model, "requests": len(outcomes), "clients": clients, "batch": batch, "deadline_s": deadline_s,
-            "answered": len(answered), "refused": len(refused), "other": len(outcomes) - len(answered) - len(refused),
-            "seconds": seconds, "refusal_p99_ms": 1000 * float(np.percentile(refused, 99)) if refused else None,
+    return {**_overload_figures([(("answered" if status == 200 else "refused" if status == 429 else "other"), t)
+                                 for status, t in outcomes]),
+            "model": model, "clients": clients, "batch": batch, "deadline_s": deadline_s, "seconds": seconds}
+
+
+def _overload_figures(outcomes: list[tuple[str, float]]) -> dict:
+    """Counts and times of (answered / refused / other, seconds) outcomes."""
+    answered = [t for kind, t in outcomes if kind == "answered"]
+    refused = [t for kind, t in outcomes if kind == "refused"]
+    return {"requests": len(outcomes), "answered": len(answered), "refused": len(refused),
+            "other": len(outcomes) - len(answered) - len(refused),
+            "refusal_p99_ms": 1000 * float(np.percentile(refused, 99)) if refused else None,
             "answer_p99_s": float(np.percentile(answered, 99)) if answered else None,
             "answer_max_s": max(answered, default=None)}
 
@@ -364,13 +371,7 @@ async def overload_grpc(grpc_url: str, texts: list[str], model: str, clients: in
         seconds = time.perf_counter() - started
     finally:
         await client.close()
-    answered = [t for kind, t in outcomes if kind == "answered"]
-    refused = [t for kind, t in outcomes if kind == "refused"]
-    return {"model": model, "requests": len(outcomes), "clients": clients, "batch": batch,
-            "answered": len(answered), "refused": len(refused), "other": len(outcomes) - len(answered) - len(refused),
-            "seconds": seconds, "refusal_p99_ms": 1000 * float(np.percentile(refused, 99)) if refused else None,
-            "answer_p99_s": float(np.percentile(answered, 99)) if answered else None,
-            "answer_max_s": max(answered, default=None)}
+    return {**_overload_figures(outcomes), "model": model, "clients": clients, "batch": batch, "seconds": seconds}
 
 
 def start_gateway(grpc_url: str, port: int, log: Path, *options: str):

@@ -11,7 +11,16 @@ import pytest
 from fastapi.testclient import TestClient
 from test_gateway_routes import FakeClient
 
-from pooltriton.backends.workboard import BUSY, IN_TRANSIT_S, OWNER, EncoderRow, TokenizerRow, board_path, stub_argv
+from pooltriton.backends.workboard import (
+    BUSY,
+    IN_TRANSIT_S,
+    OWNER,
+    TOTAL,
+    EncoderRow,
+    TokenizerRow,
+    board_path,
+    stub_argv,
+)
 from pooltriton.contract.admission import DEADLINE_SHARE, MIN_ANSWERS, Admission, retry_after_in, retry_phrase
 from pooltriton.gateway import create_app
 
@@ -115,7 +124,7 @@ def test_usage_moves_the_rate() -> None:
 def encoder_at_1000_tokens_per_s(path, batches: int = MIN_ANSWERS) -> EncoderRow:
     encoder = EncoderRow(path)
     for _ in range(int(batches)):
-        encoder.started()
+        encoder.started(time.monotonic())
         encoder.finished(100, 0.1, now=time.monotonic())
     return encoder
 
@@ -125,7 +134,7 @@ def test_the_tokenizer_stage_refuses_work_its_encoder_cannot_clear_within_the_qu
     encoder = encoder_at_1000_tokens_per_s(path)
     tokenizer = TokenizerRow(path, deadline_s=2.5)  # admits 2.0 s of work (DEADLINE_SHARE)
     assert tokenizer.tokens_per_s() == pytest.approx(1000)
-    encoder.started()  # busy with a batch, the rest queued behind it
+    encoder.started(time.monotonic())  # busy with a batch, the rest queued behind it
     assert tokenizer.admit(1500) is None  # nothing queued: admitted, however long
     assert tokenizer.admit(400) is None  # 1.9 s
     refusal = tokenizer.admit(200)  # 2.1 s
@@ -133,7 +142,7 @@ def test_the_tokenizer_stage_refuses_work_its_encoder_cannot_clear_within_the_qu
     assert retry_after_in(f"overloaded ...; {retry_phrase(refusal)}") == 1
     assert tokenizer.queued(time.monotonic()) == pytest.approx(1900)  # the refused request holds nothing
     encoder.finished(1500, 1.5, now=time.monotonic())  # the encoder clears the first request
-    encoder.started()
+    encoder.started(time.monotonic())
     assert tokenizer.admit(200) is None  # 0.6 s
     for row in (tokenizer, encoder):
         row.close()
@@ -145,13 +154,13 @@ def test_work_dropped_between_the_stages_is_forgotten_when_the_encoder_idles(tmp
     path = tmp_path / "board"
     encoder = encoder_at_1000_tokens_per_s(path)
     tokenizer = TokenizerRow(path, deadline_s=2.5)
-    encoder.started()
+    encoder.started(time.monotonic())
     assert tokenizer.admit(1000) is None and tokenizer.admit(900) is None
     encoder.finished(1000, 1.0, now=time.monotonic())  # the 900 tokens never arrive
     now = time.monotonic()
     assert tokenizer.queued(now) == pytest.approx(900)  # the encoder just finished: they may be in transit
     assert tokenizer.queued(now + IN_TRANSIT_S + 0.01) == 0  # idle since: nothing is queued
-    encoder.started()
+    encoder.started(time.monotonic())
     assert tokenizer.admit(1800, now=now + 1) is None
     assert tokenizer.queued(now + 1) == pytest.approx(1800)  # counted from there on
     for row in (tokenizer, encoder):
@@ -162,11 +171,11 @@ def test_the_tokenizer_stage_admits_everything_before_its_encoder_measured_a_rat
     path = tmp_path / "board"
     encoder = encoder_at_1000_tokens_per_s(path, batches=MIN_ANSWERS - 1)
     tokenizer = TokenizerRow(path, deadline_s=1.0)
-    encoder.started()
+    encoder.started(time.monotonic())
     assert tokenizer.tokens_per_s() is None
     assert all(tokenizer.admit(10**5) is None for _ in range(3))
     encoder.finished(100, 0.1, now=time.monotonic())  # the MIN_ANSWERS-th batch
-    encoder.started()
+    encoder.started(time.monotonic())
     assert tokenizer.admit(10) is not None
     for row in (tokenizer, encoder):
         row.close()
@@ -175,17 +184,54 @@ def test_the_tokenizer_stage_admits_everything_before_its_encoder_measured_a_rat
 def test_a_dead_stage_instance_leaves_its_row_and_is_not_busy_for_ever(tmp_path) -> None:
     path = tmp_path / "board"
     encoder = encoder_at_1000_tokens_per_s(path)
-    encoder.started()
+    encoder.started(time.monotonic())
     encoder.row[OWNER] = 2**22 + 1  # above Linux's largest pid: the encoder was killed mid-batch
-    restarted = EncoderRow(path)  # Triton restarts the stub; it claims a row of its own
-    assert restarted.row is not encoder.row
-    assert encoder.rows[:, BUSY].sum() == 0
+    restarted = EncoderRow(path)  # Triton restarts the stub: it takes the dead one's row and total
+    assert restarted.row[TOTAL] == 100 * MIN_ANSWERS and restarted.rows[:, BUSY].sum() == 0
     tokenizer = TokenizerRow(path, deadline_s=1.0)
+    assert tokenizer.tokens_per_s() is None  # the new encoder has measured nothing yet
+    assert tokenizer.queued(time.monotonic() + 1) == 0
+    tokenizer.close()
+    assert path.exists()  # a stage reloaded alone leaves the board to the other
+    restarted.close()
+    assert not path.exists()  # the last one out (a server stopping) removes it
+
+
+def test_only_live_encoders_rate_and_a_wedged_encoder_is_not_hidden_behind_refusals(tmp_path) -> None:
+    path = tmp_path / "board"
+    tokenizer = TokenizerRow(path, deadline_s=2.5)
+    left = encoder_at_1000_tokens_per_s(path)
+    left.close()  # unloaded: its rate no longer counts
+    encoder = EncoderRow(path)  # reloaded: the left row, its rate measured afresh
+    assert encoder.row[TOTAL] == 100 * MIN_ANSWERS and tokenizer.tokens_per_s() is None
+    for _ in range(int(MIN_ANSWERS)):
+        encoder.started(time.monotonic())
+        encoder.finished(200, 0.1, now=time.monotonic())
+    assert tokenizer.tokens_per_s() == pytest.approx(2000)
     now = time.monotonic()
-    assert tokenizer.queued(now + 1) == 0
-    for row in (tokenizer, restarted):
-        row.close(remove=True)
-    assert not path.exists()
+    encoder.started(now)
+    assert tokenizer.admit(4000, now=now) is None and tokenizer.admit(1000, now=now) is not None
+    # Busy with one batch for longer than the deadline: wedged (or far slower than measured). Refusing
+    # would keep the supervisor's canary from seeing it; the queue timeout rejects what cannot run.
+    assert tokenizer.admit(1000, now=now + 2.6) is None
+    for row in (tokenizer, encoder):
+        row.close()
+
+
+def test_finished_work_the_tokenizer_never_admitted_does_not_hide_later_admissions(tmp_path) -> None:
+    path = tmp_path / "board"
+    encoder = encoder_at_1000_tokens_per_s(path)
+    tokenizer = TokenizerRow(path, deadline_s=2.5)
+    now = time.monotonic()
+    encoder.started(now)
+    encoder.finished(5000, 5.0, now=now)  # a direct call to the encoder, not through this tokenizer
+    encoder.started(now)
+    assert tokenizer.queued(now) == 0
+    assert tokenizer.admit(1500, now=now) is None
+    assert tokenizer.queued(now) == pytest.approx(1500)
+    assert tokenizer.admit(1000, now=now) is not None
+    for row in (tokenizer, encoder):
+        row.close()
 
 
 def test_the_board_is_named_after_the_servers_shared_memory_regions() -> None:

@@ -13,7 +13,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from pooltriton.client import AsyncPoolingClient
-from pooltriton.contract.requests import classify
+from pooltriton.contract.requests import BACKOFF_S, MAX_BACKOFF_S, classify, retry_delay
 
 from conftest import running_gateway
 
@@ -70,6 +70,20 @@ def test_only_unavailable_is_retried() -> None:
     assert not classify(InferenceServerException("bad", status="StatusCode.INVALID_ARGUMENT")).retryable
     assert classify(InferenceServerException("bad", status="400")).status == 400
     assert not classify(ValueError("x")).retryable
+
+
+def test_a_refusal_by_admission_is_retried_no_sooner_than_it_says_and_not_at_all_when_far() -> None:
+    def refused(seconds: int) -> InferenceServerException:
+        return InferenceServerException(f"in ensemble 'minilm', overloaded: ...; retry after {seconds} s",
+                                        status="StatusCode.UNAVAILABLE")
+
+    assert retry_delay(0, InferenceServerException("full", status="StatusCode.UNAVAILABLE")) == BACKOFF_S
+    assert retry_delay(0, refused(2)) == 2
+    assert retry_delay(4, refused(1)) == BACKOFF_S * 2**4  # the backoff when longer
+    assert retry_delay(0, refused(int(MAX_BACKOFF_S) + 1)) is None  # the caller gets the refusal at once
+    assert classify(refused(7)).retry_after_s == 7
+    assert classify(InferenceServerException("retry after 7 s of text echoed, then more", status="400")
+                    ).retry_after_s is None
 
 
 @pytest.mark.parametrize(("command", "message"), [

@@ -81,8 +81,9 @@ def internal_error(message: str) -> Any:
 
 # Triton 2.51's Python backend hands every BLS error back as INTERNAL, whatever the called model
 # answered (measured: a full queue behind the scorer arrived as INTERNAL "Exceeds maximum queue size").
-# Where the code is lost, Triton's own fixed rejection messages say that a retry may succeed; the rest
-# are the called stages' refusals of the input (our stages answer INVALID_ARG for all they refuse).
+# Where the code is lost, Triton's own fixed rejection messages say that a retry may succeed, as does the
+# tokenizer's admission by work (its message ends with when to retry); the rest are the called stages'
+# refusals of the input (our stages answer INVALID_ARG for all else they refuse).
 RETRYABLE_CORE_MESSAGES = ("Exceeds maximum queue size", "Request timeout expired", "is not healthy",
                            "is not ready", "is not found", "has no available versions")
 

@@ -78,12 +78,12 @@ class EncoderShim:
     def finalize(self) -> None:
         self.counters.close()
         if self.board is not None:
-            self.board.close(remove=True)
+            self.board.close()
 
     def execute(self, requests: list) -> list:
         started = time.monotonic()
         if self.board is not None:
-            self.board.started()
+            self.board.started(started)
         batch: list[dict[str, np.ndarray]] = []
         try:
             batch = [{name: input_array(request, name) for name in self.input_names} for request in requests]
@@ -124,7 +124,6 @@ class EncoderShim:
             f"(attention grows with the square of the length), over its memory budget of "
             f"{self.memory.budget / gib:.1f} GiB: at most {self.memory.longest()} tokens fit; send shorter texts "
             "or raise the encoder's memory_budget")
-
 
 
 def _lengths(feeds: dict[str, np.ndarray]) -> np.ndarray:

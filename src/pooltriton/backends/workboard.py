@@ -1,14 +1,17 @@
 """Admission by work inside Triton, for every client (issue 19 item 4; the gateway's own is
 contract.admission): the tokenizer stage knows each request's tokens, the encoder stage how fast it
 clears them, and they share this board, a few numbers in a file under /dev/shm named after the server's
-shared-memory prefix (the launcher removes it with the server's other regions).
+shared-memory prefix. The last stage to leave removes it (a stage reloaded alone leaves it to the other,
+which still uses it); the launcher removes what a killed server left, with its other regions.
 
 One row per stage instance, written only by the process that claimed it, so no locks: 8-byte aligned
 stores are atomic on x86-64 and ARM64, and a reader that sees one update half-done errs by one request.
 Queued work = tokens the tokenizers admitted - tokens the encoders finished. A request Triton drops
 between the stages (a full encoder queue, a cancellation, a queue timeout) is never finished; the
 tokenizer forgets such work whenever it sees every encoder idle, as then nothing admitted is still
-queued but what it sent in the last moments.
+queued but what was sent in the last moments. An encoder busy with one batch for longer than the
+deadline is wedged or far slower than measured: nothing is refused then (the supervisor's canary must
+reach it to see the wedge and restart it).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import numpy as np
 from pooltriton.contract.admission import DEADLINE_SHARE, HORIZON_S, MIN_ANSWERS, Refusal, refuse
 
 SLOTS = 32  # stage instances per encoder (tokenizers and encoders together)
-OWNER, ROLE, TOTAL, BUSY, LAST_END, RATE_TOKENS, RATE_BUSY, RATE_AT, BATCHES = range(9)
+# OWNER and BORN: the process holding a row (pid, its start time); 0 when it left. LAST_END: an encoder's
+# last batch's end, a tokenizer's last admission. STARTED: the encoder's current batch's start.
+OWNER, ROLE, TOTAL, BUSY, LAST_END, RATE_TOKENS, RATE_BUSY, RATE_AT, BATCHES, BORN, STARTED = range(11)
 FIELDS = 16  # room to grow
 TOKENIZER, ENCODER = 1.0, 2.0
 # A request the tokenizer admitted reaches an idle encoder within this (the ensemble's hop, ~1 ms).
@@ -49,14 +54,14 @@ def board_path(stub_argv: list[str], encoder: str) -> Path | None:
     return Path("/dev/shm") / f"{stub_argv[2][:-36].lstrip('/')}work{stub_argv[5]}_{encoder}"
 
 
-def _alive(pid: int) -> bool:
+def _born(pid: int) -> float:
+    """A process's start time (clock ticks after boot, /proc/<pid>/stat), 0 if it is gone: with the pid,
+    it tells a live owner from a later process that reused a dead one's pid."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    return float(stat[stat.rindex(")") + 2:].split()[19])
 
 
 class Board:
@@ -64,37 +69,80 @@ class Board:
 
     def __init__(self, path: Path, role: float) -> None:
         self.path = path
-        size = SLOTS * FIELDS * 8
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = _locked(path, create=True)
+        assert fd is not None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # claiming a row: instances start concurrently
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)
-            self._map = mmap.mmap(fd, size)
+            if os.fstat(fd).st_size < SIZE:
+                os.ftruncate(fd, SIZE)
+            self._map, self._inode = mmap.mmap(fd, SIZE), os.fstat(fd).st_ino
             self.rows = np.ndarray((SLOTS, FIELDS), dtype=np.float64, buffer=self._map)
-            for row in self.rows:  # a dead instance's row: its totals stay, it is no longer busy
-                if row[OWNER] and not _alive(int(row[OWNER])):
-                    row[OWNER] = row[BUSY] = 0.0
-            # A new row if there is one: a left row's total still counts (that work was admitted, or
-            # finished). Else a left row afresh (the queued estimate is off until the encoders idle).
-            unused = np.flatnonzero(self.rows[:, ROLE] == 0)
-            free = unused if len(unused) else np.flatnonzero(self.rows[:, OWNER] == 0)
-            if not len(free):
-                raise RuntimeError(f"{path}: all {SLOTS} rows are taken")
-            self.row = self.rows[int(free[0])]
+            self._clear_dead()
+            # The row a left instance of this role had, with its total (the work it admitted or finished
+            # stays counted); else a new one; else any left row afresh (its total leaves the count: the
+            # tokenizers' estimate is off until the encoders idle).
+            left = (self.rows[:, OWNER] == 0) & (self.rows[:, ROLE] == role)
+            for candidates in (left, self.rows[:, ROLE] == 0, self.rows[:, OWNER] == 0):
+                if candidates.any():
+                    index = int(np.flatnonzero(candidates)[0])
+                    break
+            else:
+                raise OSError(f"{path}: all {SLOTS} rows are taken")
+            self.row = self.rows[index]
+            total = self.row[TOTAL] if self.row[ROLE] == role else 0.0
             self.row[:] = 0.0
-            self.row[ROLE] = role
+            self.row[ROLE], self.row[TOTAL], self.row[BORN] = role, total, _born(os.getpid())
             self.row[OWNER] = os.getpid()
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+            _unlock(fd)
 
-    def close(self, remove: bool = False) -> None:
-        self.row[OWNER] = 0.0
-        del self.rows, self.row
-        self._map.close()
-        if remove:
-            self.path.unlink(missing_ok=True)
+    def _clear_dead(self) -> None:
+        for row in self.rows:  # a dead instance's row: it no longer counts as working
+            if row[OWNER] and _born(int(row[OWNER])) != row[BORN]:
+                row[OWNER] = row[BUSY] = 0.0
+
+    def close(self) -> None:
+        """Leave the board; the last stage out removes it (a server stopping: every stage finalizes), while
+        a stage reloaded alone leaves it to the other, which still uses it."""
+        fd = _locked(self.path, create=False)
+        try:
+            self.row[BUSY] = self.row[OWNER] = 0.0
+            if fd is not None and os.fstat(fd).st_ino == self._inode:  # (not a later server's board)
+                self._clear_dead()
+                if not self.rows[:, OWNER].any():
+                    self.path.unlink(missing_ok=True)
+        finally:
+            if fd is not None:
+                _unlock(fd)
+            del self.rows, self.row
+            self._map.close()
+
+
+SIZE = SLOTS * FIELDS * 8
+
+
+def _unlock(fd: int) -> None:
+    """Explicitly: the mmap holds a duplicate of the descriptor, which would keep the lock held."""
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+def _locked(path: Path, create: bool) -> int | None:
+    """A descriptor of the board at `path`, locked (flock; `_unlock` releases it); None if there is
+    none. Retried when the last stage out removed the file between its opening and its lock."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
+        except FileNotFoundError:
+            return None
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+        if not create:
+            return None
 
 
 class EncoderRow(Board):
@@ -103,7 +151,8 @@ class EncoderRow(Board):
     def __init__(self, path: Path) -> None:
         super().__init__(path, ENCODER)
 
-    def started(self) -> None:
+    def started(self, now: float) -> None:
+        self.row[STARTED] = now
         self.row[BUSY] = 1.0
 
     def finished(self, tokens: int, seconds: float, now: float) -> None:
@@ -134,9 +183,12 @@ class TokenizerRow(Board):
         rows = self.rows
         return float(rows[rows[:, ROLE] == TOKENIZER, TOTAL].sum() - rows[rows[:, ROLE] == ENCODER, TOTAL].sum())
 
+    def _live(self, role: float) -> np.ndarray:
+        return self.rows[(self.rows[:, ROLE] == role) & (self.rows[:, OWNER] != 0)]
+
     def tokens_per_s(self) -> float | None:
-        """What the encoders clear per busy second, summed over instances; None before MIN_ANSWERS batches."""
-        encoders = self.rows[self.rows[:, ROLE] == ENCODER]
+        """What the live encoders clear per busy second, summed; None before MIN_ANSWERS batches."""
+        encoders = self._live(ENCODER)
         if encoders[:, BATCHES].sum() < MIN_ANSWERS:
             return None
         measured = encoders[encoders[:, RATE_BUSY] > 0]
@@ -147,24 +199,36 @@ class TokenizerRow(Board):
         """Tokens admitted and not yet finished, as far as this tokenizer can tell."""
         while self._recent and now - self._recent[0][0] > IN_TRANSIT_S:
             self._recent.popleft()
-        rows = self.rows
-        encoders = rows[:, ROLE] == ENCODER
         outstanding = self._outstanding()
-        idle = not rows[encoders, BUSY].any() and now - float(rows[encoders, LAST_END].max(initial=0.0)) > IN_TRANSIT_S
-        if idle:  # nothing is queued but what this tokenizer has just sent
+        encoders = self._live(ENCODER)
+        last_end = float(self.rows[self.rows[:, ROLE] == ENCODER, LAST_END].max(initial=0.0))
+        others = self._live(TOKENIZER)
+        others = others[others[:, OWNER] != self.row[OWNER]]
+        if (not encoders[:, BUSY].any() and now - last_end > IN_TRANSIT_S
+                and not (now - others[:, LAST_END] <= IN_TRANSIT_S).any()):
+            # Every encoder idle, no other tokenizer sending: nothing is queued but what this one just sent.
             self.forgotten = outstanding - sum(tokens for _, tokens in self._recent)
-        return max(outstanding - self.forgotten, 0.0)
+        # Never below nothing queued: finished work it never admitted (direct calls to the encoder, another
+        # tokenizer's) would otherwise hide the next admissions.
+        self.forgotten = min(self.forgotten, outstanding)
+        return outstanding - self.forgotten
+
+    def wedged(self, now: float) -> bool:
+        """An encoder busy with one batch for longer than the deadline."""
+        encoders = self._live(ENCODER)
+        return bool(((encoders[:, BUSY] > 0) & (now - encoders[:, STARTED] > self.deadline_s)).any())
 
     def admit(self, tokens: int, now: float | None = None) -> Refusal | None:
         """None: admitted (counted as queued until an encoder finishes it); else the refusal. With nothing
         queued anything is admitted (a request longer than the deadline alone runs on an idle encoder)."""
         now = time.monotonic() if now is None else now
         queued = self.queued(now)
-        rate = self.tokens_per_s()
-        if queued > 0 and rate is not None:
+        rate = self.tokens_per_s() if queued > 0 else None  # an idle single text pays only for `queued`
+        if rate is not None and not self.wedged(now):
             refusal = refuse(queued, tokens, rate, self.budget_s)
             if refusal is not None:
                 return refusal
         self.row[TOTAL] += tokens
+        self.row[LAST_END] = now
         self._recent.append((now, float(tokens)))
         return None

@@ -53,7 +53,7 @@ class Refusal:
 
 # How a refusal that crossed Triton (an error message, its only channel) says when to retry.
 _RETRY = "retry after {} s"
-_RETRY_PATTERN = re.compile(r"retry after (\d+) s")
+_RETRY_PATTERN = re.compile(r"retry after (\d+) s\W*$")  # at the end: not in echoed user text
 
 
 def retry_phrase(refusal: Refusal) -> str:

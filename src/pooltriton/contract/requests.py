@@ -210,7 +210,13 @@ def classify(error: Exception) -> Failure:
 def retry_delay(attempt: int, error: Exception, retries: int = RETRIES) -> float | None:
     """Seconds to wait before retrying a failed attempt (0-based), or None: give up and raise.
     Only UNAVAILABLE (server starting or restarting, queue full) is retried, with exponential backoff,
-    `retries` attempts in all."""
-    if attempt >= retries - 1 or not classify(error).retryable:
+    `retries` attempts in all. A refusal by admission by work says when to retry: not sooner (it would be
+    refused again), and not at all when that is past MAX_BACKOFF_S (the caller gets the refusal at once)."""
+    failure = classify(error)
+    if attempt >= retries - 1 or not failure.retryable:
         return None
-    return min(BACKOFF_S * 2**attempt, MAX_BACKOFF_S)
+    backoff = min(BACKOFF_S * 2**attempt, MAX_BACKOFF_S)
+    hint = failure.retry_after_s
+    if hint is None:
+        return backoff
+    return max(backoff, hint) if hint <= MAX_BACKOFF_S else None

@@ -62,16 +62,17 @@ class TritonPythonModel:
         self.encoder = parameters.encoder
         self.board = None
         path = board_path(stub_argv(), parameters.encoder) if parameters.encoder else None
-        if path is not None and queue_timeout_s(model.config) > 0:
+        deadline_s = queue_timeout_s(model.config)
+        if path is not None and deadline_s > 0:
             try:
-                self.board = TokenizerRow(path, queue_timeout_s(model.config))
+                self.board = TokenizerRow(path, deadline_s)
             except OSError as error:
                 pb_utils.Logger.log_warn(f"{model.name}: no admission by work ({error})")
 
     def finalize(self) -> None:
         self.counters.close()
         if self.board is not None:
-            self.board.close(remove=True)
+            self.board.close()
 
     def execute(self, requests: list) -> list:
         # Per request: an InputError, finished encodings (token-id input), or texts to encode; all text
