@@ -239,3 +239,17 @@ def test_the_board_is_named_after_the_servers_shared_memory_regions() -> None:
             "pooltriton1p8000_d5da761e-cfe7-4aeb-9769-cda56eaf08e1", "1", "1", "42"]
     assert str(board_path(argv, "minilm_encoder")) == "/dev/shm/pooltriton1p8000_work42_minilm_encoder"
     assert board_path(stub_argv(), "minilm_encoder") is None  # not a stub: this is pytest
+
+
+def test_a_batch_of_requests_is_admitted_in_turn_with_one_read_of_the_board(tmp_path) -> None:
+    path = tmp_path / "board"
+    encoder = encoder_at_1000_tokens_per_s(path)
+    tokenizer = TokenizerRow(path, deadline_s=2.5)  # admits 2.0 s of work
+    now = time.monotonic()
+    encoder.started(now)
+    answers = tokenizer.admit_all([1500, 400, 200, 50], now=now)  # nothing queued: the first goes, however long
+    assert [answer is None for answer in answers] == [True, True, False, True]
+    assert answers[2].wait_s == pytest.approx(2.1)
+    assert tokenizer.queued(now) == pytest.approx(1950)
+    for row in (tokenizer, encoder):
+        row.close()

@@ -221,14 +221,26 @@ class TokenizerRow(Board):
     def admit(self, tokens: int, now: float | None = None) -> Refusal | None:
         """None: admitted (counted as queued until an encoder finishes it); else the refusal. With nothing
         queued anything is admitted (a request longer than the deadline alone runs on an idle encoder)."""
+        return self.admit_all([tokens], now)[0]
+
+    def admit_all(self, requests: list[int], now: float | None = None) -> list[Refusal | None]:
+        """`admit` for a batch's requests in turn, the board read once (a batch of 30 short requests
+        otherwise read it 30 times: ~50 us each)."""
         now = time.monotonic() if now is None else now
         queued = self.queued(now)
-        rate = self.tokens_per_s() if queued > 0 else None  # an idle single text pays only for `queued`
-        if rate is not None and not self.wedged(now):
-            refusal = refuse(queued, tokens, rate, self.budget_s)
-            if refusal is not None:
-                return refusal
-        self.row[TOTAL] += tokens
-        self.row[LAST_END] = now
-        self._recent.append((now, float(tokens)))
-        return None
+        rate = self.tokens_per_s() if queued > 0 or len(requests) > 1 else None
+        if rate is not None and self.wedged(now):
+            rate = None
+        answers: list[Refusal | None] = []
+        admitted = 0.0
+        for tokens in requests:
+            refusal = refuse(queued, tokens, rate, self.budget_s) if rate is not None and queued > 0 else None
+            if refusal is None:
+                queued += tokens
+                admitted += tokens
+            answers.append(refusal)
+        if admitted:
+            self.row[TOTAL] += admitted
+            self.row[LAST_END] = now
+            self._recent.append((now, admitted))
+        return answers

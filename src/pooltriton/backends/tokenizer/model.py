@@ -40,7 +40,7 @@ from pooltriton.contract import (
     TOKEN_TYPE_IDS,
     TOKENIZE,
 )
-from pooltriton.contract.admission import retry_phrase
+from pooltriton.contract.admission import Refusal, retry_phrase
 from pooltriton.contract.parameters import TokenizerParameters
 from pooltriton.contract.requests import text_array
 from pooltriton.core.semantics import Truncation
@@ -109,18 +109,24 @@ class TritonPythonModel:
             activate += [False] * (len(parsed) - len(activate))
             encodes += [False] * (len(parsed) - len(encodes))
         encoded = iter(self.tokenizer.encode_requests([tuple(p) for p in parsed if isinstance(p, list)]))
+        results = [next(encoded) if isinstance(item, list) else item for item in parsed]
+        padded = [self.tokenizer.pad(result[0], self.buckets) if isinstance(result, tuple) else None
+                  for result in results]
+        # Admission by work for the requests that go on to the encoder, the board read once per batch.
+        going = [index for index, arrays in enumerate(padded) if arrays is not None and encodes[index]]
+        refusals = dict(zip(going, self.board.admit_all([int(padded[i][3].sum()) for i in going]), strict=True)
+                        ) if self.board is not None and going else {}
         responses = []
-        for item, activated, encoding in zip(parsed, activate, encodes, strict=True):
-            result = next(encoded) if isinstance(item, list) else item
+        for index, (result, activated) in enumerate(zip(results, activate, strict=True)):
             if isinstance(result, pb_utils.InferenceResponse):
                 responses.append(result)
-                continue
-            if isinstance(result, InputError):
+            elif isinstance(result, InputError):
                 responses.append(error_response(str(result)))
-                continue
-            encodings, truncated = result
-            self.counters.add("pooltriton_truncations_total", truncated)
-            responses.append(self._response(encodings, activated, encoding))
+            elif refusals.get(index) is not None:
+                responses.append(self._refusal(refusals[index]))
+            else:
+                self.counters.add("pooltriton_truncations_total", result[1])
+                responses.append(self._response(padded[index], activated))
         return responses
 
     def _prompt(self, name: object) -> str:
@@ -132,14 +138,14 @@ class TritonPythonModel:
             raise InputError(f"unknown prompt_name {name!r}: this model's prompts are {known}")
         return self.prompts[name]
 
-    def _response(self, encodings: list, activate: bool, encoding: bool) -> object:
-        ids, mask, types, lengths = self.tokenizer.pad(encodings, self.buckets)
-        refusal = self.board.admit(int(lengths.sum())) if self.board is not None and encoding else None
-        if refusal is not None:
-            return error_response(
-                f"overloaded: {self.encoder} has ~{refusal.wait_s:.1f} s of work queued with this request's, "
-                f"over the {self.board.budget_s:g} s it admits within its {self.board.deadline_s:g} s queue "
-                f"timeout; {retry_phrase(refusal)}", pb_utils.TritonError.UNAVAILABLE)
+    def _refusal(self, refusal: Refusal) -> object:
+        return error_response(
+            f"overloaded: {self.encoder} has ~{refusal.wait_s:.1f} s of work queued with this request's, "
+            f"over the {self.board.budget_s:g} s it admits within its {self.board.deadline_s:g} s queue "
+            f"timeout; {retry_phrase(refusal)}", pb_utils.TritonError.UNAVAILABLE)
+
+    def _response(self, padded: tuple, activate: bool) -> object:
+        ids, mask, types, lengths = padded
         arrays = {INPUT_IDS: ids, ATTENTION_MASK: mask, TOKEN_TYPE_IDS: types, PROMPT_TOKENS: lengths.reshape(-1, 1),
                   ACTIVATE: np.full((len(ids), 1), int(activate), dtype=np.int64)}
         return pb_utils.InferenceResponse([pb_utils.Tensor(n, np.ascontiguousarray(arrays[n]))
