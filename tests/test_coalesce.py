@@ -299,7 +299,10 @@ def test_merged_calls_to_the_real_server_answer_each_request_as_it_would_be_answ
     results, sizes = run(test, 120)
     too_long = results.pop(6)
     assert "limit of 256 tokens" in str(too_long), too_long
-    assert sorted(sizes[:4]) == [1, 1, len(mails), len(texts) + 1]  # the held first calls, then two merged
+    # The held first calls, the two merged ones, and the merged minilm call's requests each sent again
+    # alone (its too-long text failed it). Compared as a whole: the lanes run concurrently, so whether a
+    # retry or rampart's merged call starts first is a race (a fresh-clone CI saw [1, 1, 1, 13] first).
+    assert sorted(sizes) == sorted([1, 1, len(mails), len(texts) + 1] + [1] * (len(texts) + 1)), sizes
     for pooled, vector, count in zip(results[: len(texts) + 1], expected, counts, strict=True):
         assert np.abs(pooled.values[0] - vector).max() <= 1e-5 and pooled.tokens == count
     for pooled, reference in zip(results[len(texts) + 1 :], rows, strict=True):
