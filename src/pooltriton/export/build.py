@@ -401,6 +401,7 @@ def pipeline_configs(
 # wait from ~1 s to ~0.15 s; docs/performance.md). The encoder keeps one: it uses every core itself.
 LIGHT_STAGE_INSTANCES = 2
 
+
 def _activates_in_graph(tensors: _Tensors) -> bool:
     """An embed encoder normalises in its graph (ACTIVATE): its ensemble ends there, with no pooler."""
     return ACTIVATE in tensors.encoder_inputs
