@@ -373,7 +373,7 @@ def pipeline_configs(
     if not _activates_in_graph(tensors):
         models.insert(2, ModelConfig(name=names.pooler, backend="pooler", max_batch_size=MAX_BATCH_SIZE,
                           inputs=[tensors.pooled] + [Tensor(n, "TYPE_INT64", (-1,)) for n in pooler_extra],
-                          outputs=tensors.public_outputs, instance_count=LIGHT_STAGE_INSTANCES,
+                          outputs=tensors.public_outputs,
                           dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, queue=queue),
                           parameters=PoolerParameters(
                               task=config.task.value, activation=config.activation.value,
@@ -391,15 +391,6 @@ def pipeline_configs(
                                         template=options.score_template).to_parameters(),
         ))
     return models
-
-
-# Instances of the light Python stages (tokenizer, pooler). Triton 2.51's dynamic batcher, with a queue
-# policy (our bounded queues, timeouts and priorities), wakes for a new request only if an instance is
-# idle at that moment; one that arrives while the only instance runs waits for the next arrival or the
-# batcher's 500 ms poll. A second instance is almost always idle on a stage this light, so every arrival
-# wakes the batcher (measured: raw-gRPC refusals under overload p99 2.4-4.7 s -> 0.6-0.7 s, their queue
-# wait from ~1 s to ~0.15 s; docs/performance.md). The encoder keeps one: it uses every core itself.
-LIGHT_STAGE_INSTANCES = 2
 
 
 def _activates_in_graph(tensors: _Tensors) -> bool:
@@ -427,7 +418,6 @@ def _tokenizer_config(name: str, options: ExportOptions, config: PoolerConfig, t
         # No queue delay (here and on the encoder): under load requests queue while the encoder runs
         # anyway, and when idle a delay is pure latency on a single text (docs/performance.md).
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS, queue=queue),
-        instance_count=LIGHT_STAGE_INSTANCES,
         parameters=parameters.to_parameters(),
     )
 
