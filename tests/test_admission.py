@@ -15,7 +15,9 @@ from pooltriton.backends.workboard import (
     BUSY,
     IN_TRANSIT_S,
     OWNER,
+    STALL_S,
     TOTAL,
+    WINDOW_S,
     EncoderRow,
     TokenizerRow,
     board_path,
@@ -150,19 +152,26 @@ def test_the_tokenizer_stage_refuses_work_its_encoder_cannot_clear_within_the_qu
 
 def test_work_dropped_between_the_stages_is_forgotten_when_the_encoder_idles(tmp_path) -> None:
     """A request Triton drops before the encoder (full queue, cancellation, queue timeout) is never finished:
-    while the encoder works it counts as queued, once the encoder idles it is forgotten."""
+    while the encoder works it counts as queued, once the encoder has idled past a batcher stall it is
+    forgotten; before that an idle encoder still takes one request."""
     path = tmp_path / "board"
     encoder = encoder_at_1000_tokens_per_s(path)
-    tokenizer = TokenizerRow(path, deadline_s=2.5)
-    encoder.started(time.monotonic())
-    assert tokenizer.admit(1000) is None and tokenizer.admit(900) is None
-    encoder.finished(1000, 1.0, now=time.monotonic())  # the 900 tokens never arrive
+    tokenizer = TokenizerRow(path, deadline_s=2.5)  # admits 2.0 s of work
     now = time.monotonic()
-    assert tokenizer.queued(now) == pytest.approx(900)  # the encoder just finished: they may be in transit
-    assert tokenizer.queued(now + IN_TRANSIT_S + 0.01) == 0  # idle since: nothing is queued
-    encoder.started(time.monotonic())
-    assert tokenizer.admit(1800, now=now + 1) is None
-    assert tokenizer.queued(now + 1) == pytest.approx(1800)  # counted from there on
+    encoder.started(now)
+    assert tokenizer.admit(1000, now=now) is None and tokenizer.admit(900, now=now) is None
+    encoder.finished(1000, 1.0, now=now + 1)  # the 900 tokens never arrive
+    assert tokenizer.queued(now + 1) == pytest.approx(900)  # the encoder just finished: they may be in transit
+    assert tokenizer.queued(now + 1.1) == pytest.approx(900)  # or in a queue Triton's batcher has not served
+    assert tokenizer.admit(2000, now=now + 1.1) is None  # yet an idle encoder takes one request, however long
+    assert tokenizer.admit(100, now=now + 1.1) is not None  # and only one: it is on its way
+    encoder.started(now + 1.11)
+    assert tokenizer.queued(now + 2) == pytest.approx(2900)  # busy: the dropped work still counts
+    encoder.finished(2000, 2.0, now=now + 3.11)
+    assert tokenizer.queued(now + 3.11 + STALL_S + 0.01) == 0  # idle past a stall: nothing is queued
+    encoder.started(now + 4)
+    assert tokenizer.admit(1800, now=now + 4) is None
+    assert tokenizer.queued(now + 4) == pytest.approx(1800)  # counted from there on
     for row in (tokenizer, encoder):
         row.close()
 
@@ -253,3 +262,27 @@ def test_a_batch_of_requests_is_admitted_in_turn_with_one_read_of_the_board(tmp_
     assert tokenizer.queued(now) == pytest.approx(1950)
     for row in (tokenizer, encoder):
         row.close()
+
+
+def test_the_tokenizer_instances_of_one_encoder_admit_as_one(tmp_path) -> None:
+    """Two instances of the tokenizer stage: each counts the other's admissions, and the work Triton dropped
+    is forgotten for both, while what either sent in the last moments stays queued (in transit)."""
+    path = tmp_path / "board"
+    encoder = encoder_at_1000_tokens_per_s(path)
+    first, second = TokenizerRow(path, deadline_s=2.5), TokenizerRow(path, deadline_s=2.5)  # 2.0 s each
+    now = time.monotonic()
+    encoder.started(now)
+    assert first.admit(1500, now=now) is None
+    assert second.queued(now) == pytest.approx(1500)
+    refusal = second.admit(600, now=now)
+    assert refusal is not None and refusal.wait_s == pytest.approx(2.1)
+    assert second.admit(400, now=now) is None and first.queued(now) == pytest.approx(1900)
+    encoder.finished(1500, 1.5, now=now + 1.5)  # the 400 tokens were dropped between the stages
+    assert second.queued(now + 1.6) == pytest.approx(400)  # within a batcher stall: maybe still queued
+    later = now + 1.5 + STALL_S + 0.01
+    assert first.admit(300, now=later) is None  # idle past a stall: the dropped work forgotten
+    assert second.queued(later + 0.001) == pytest.approx(300)  # for both; the new request in transit
+    assert first.queued(later + IN_TRANSIT_S + WINDOW_S) == 0  # and then forgotten too: it never came
+    for row in (first, second, encoder):
+        row.close()
+    assert not path.exists()

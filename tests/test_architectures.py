@@ -59,22 +59,24 @@ def modern_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def served(request, modern_root: Path, tmp_path_factory: pytest.TempPathFactory):
     """Every family and task in both formats. The sentence-transformers pipelines (pooling modes inside
     the graph) go to the ONNX server, the prompts and the reranker (stages around an ordinary graph) to
-    the TorchScript one: an ONNX export costs ~10 s here, a TorchScript one ~1 s."""
+    the TorchScript one: an ONNX export costs ~10 s here, a TorchScript one ~1 s. One tokenizer instance
+    each: a server of ~100 models starts a stub per instance, and what a model computes does not depend
+    on how many tokenize for it."""
     runtime = request.param
     repository = tmp_path_factory.mktemp(f"modern_{runtime}")
     for family, head in CASES:
         export_model(build(modern_root, family, head), ExportOptions(name=name_of(family, head), out=repository,
-                                                                     runtime=runtime))
+                                                                     runtime=runtime, tokenizer_instances=1))
     if runtime == "onnx":
         for case in ST_CASES:
             export_model(build_st(modern_root, *case), ExportOptions(name=st_name(*case), out=repository,
-                                                                     runtime=runtime))
+                                                                     runtime=runtime, tokenizer_instances=1))
     else:
         export_model(build_st(modern_root, "bert", "mean", prompts=True),
-                     ExportOptions(name="st_prompts", out=repository, runtime=runtime))
+                     ExportOptions(name="st_prompts", out=repository, runtime=runtime, tokenizer_instances=1))
         export_model(build(modern_root, "qwen3", "causal"), ExportOptions(
             name="qwen3_reranker", out=repository, runtime=runtime, classifier_from_tokens=("no", "yes"),
-            score_template=RERANK_TEMPLATE))
+            score_template=RERANK_TEMPLATE, tokenizer_instances=1))
     server = start_server(repository, repository / "server.log")
     client = PoolingClient(server.grpc_url, protocol="grpc")
     client.served_by = server  # the gateway tests reach the same server (its admin key included)

@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--tensorrt", action="store_true",
                         help="onnx on cuda: TensorRT as the native onnxruntime backend's accelerator (fp32)")
     export.add_argument("--encoder-threads", type=int, default=2, help="intra-op threads of the encoder")
+    export.add_argument("--tokenizer-instances", type=int, default=2,
+                        help="instances of the tokenizer stage (one more keeps refusals fast while one works)")
     export.add_argument("--memory-budget-mb", type=int, default=0,
                         help="memory the encoder may hold at once, shared by its instances and streams (ragged "
                         "batching plans chunks within it); a text that alone needs more is refused with a 400 "

@@ -8,10 +8,15 @@ One row per stage instance, written only by the process that claimed it, so no l
 stores are atomic on x86-64 and ARM64, and a reader that sees one update half-done errs by one request.
 Queued work = tokens the tokenizers admitted - tokens the encoders finished. A request Triton drops
 between the stages (a full encoder queue, a cancellation, a queue timeout) is never finished; the
-tokenizer forgets such work whenever it sees every encoder idle, as then nothing admitted is still
-queued but what was sent in the last moments. An encoder busy with one batch for longer than the
-deadline is wedged or far slower than measured: nothing is refused then (the supervisor's canary must
-reach it to see the wedge and restart it).
+tokenizers forget such work when every encoder has idled for longer than Triton's batcher can leave a
+queued request waiting (STALL_S), as then nothing admitted is still queued but what was sent in the last
+moments. Until then an idle encoder with nothing in transit to it takes one request whatever the
+estimate: dropped work must not keep a server with nothing to do refusing, and the request ends a stall.
+The tokenizer instances of one encoder admit as one: in turn, under the board's lock, with the work
+forgotten and the work in transit kept on the board's shared row (each instance forgetting on its own
+raced the others' admissions). An encoder busy with one batch for longer than the deadline is wedged or
+far slower than measured: nothing is refused then (the supervisor's canary must reach it to see the
+wedge and restart it).
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import math
 import mmap
 import os
 import time
-from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +42,15 @@ FIELDS = 16  # room to grow
 TOKENIZER, ENCODER = 1.0, 2.0
 # A request the tokenizer admitted reaches an idle encoder within this (the ensemble's hop, ~1 ms).
 IN_TRANSIT_S = 0.05
+# Triton's dynamic batcher under a queue policy may start nothing for up to 0.5 s after its instance
+# finished, requests queued (its poll; docs/performance.md): an encoder idle for longer has none queued.
+STALL_S = 0.5 + IN_TRANSIT_S
+# The shared row after the SLOTS rows: the tokenizers' forgotten work, and what they admitted in each of
+# WINDOWS windows of IN_TRANSIT_S / (WINDOWS - 1) (window n in slot n % WINDOWS: its number, its tokens);
+# the last WINDOWS of them are in transit, a span between IN_TRANSIT_S and IN_TRANSIT_S plus one window.
+WINDOWS = 5
+FORGOTTEN, WINDOW_IDS, WINDOW_TOKENS = 0, 1, 1 + WINDOWS
+WINDOW_S = IN_TRANSIT_S / (WINDOWS - 1)
 
 
 def stub_argv() -> list[str]:
@@ -75,7 +90,8 @@ class Board:
             if os.fstat(fd).st_size < SIZE:
                 os.ftruncate(fd, SIZE)
             self._map, self._inode = mmap.mmap(fd, SIZE), os.fstat(fd).st_ino
-            self.rows = np.ndarray((SLOTS, FIELDS), dtype=np.float64, buffer=self._map)
+            board = np.ndarray((SLOTS + 1, FIELDS), dtype=np.float64, buffer=self._map)
+            self.rows, self.shared = board[:SLOTS], board[SLOTS]
             self._clear_dead()
             # The row a left instance of this role had, with its total (the work it admitted or finished
             # stays counted); else a new one; else any left row afresh (its total leaves the count: the
@@ -113,11 +129,11 @@ class Board:
         finally:
             if fd is not None:
                 _unlock(fd)
-            del self.rows, self.row
+            del self.rows, self.row, self.shared
             self._map.close()
 
 
-SIZE = SLOTS * FIELDS * 8
+SIZE = (SLOTS + 1) * FIELDS * 8
 
 
 def _unlock(fd: int) -> None:
@@ -174,10 +190,24 @@ class TokenizerRow(Board):
         super().__init__(path, TOKENIZER)
         self.deadline_s = deadline_s
         self.budget_s = deadline_s * share
-        self._recent: deque[tuple[float, float]] = deque()  # (when, tokens) admitted in the last moments
-        # Admitted work Triton dropped before the encoder (see the module's note); at the start, all of
-        # the board's history (this row is new, the others' work is not this tokenizer's to count).
-        self.forgotten = self._outstanding()
+        self._fd = os.open(path, os.O_RDWR)  # for the lock each admission takes
+        with self._lock():
+            live = self._live(TOKENIZER)
+            if not (live[:, OWNER] != self.row[OWNER]).any():
+                # The first tokenizer (or a reloaded one alone): the board's history is no work of its.
+                self.shared[FORGOTTEN] = self._outstanding()
+
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        os.close(self._fd)
+        super().close()
 
     def _outstanding(self) -> float:
         rows = self.rows
@@ -195,23 +225,36 @@ class TokenizerRow(Board):
         rate = float((measured[:, RATE_TOKENS] / measured[:, RATE_BUSY]).sum())
         return rate if rate > 0 else None
 
+    def _in_transit(self, now: float) -> float:
+        """Tokens the tokenizers admitted in the last IN_TRANSIT_S (up to one window more)."""
+        current = math.floor(now / WINDOW_S)
+        ids, tokens = self.shared[WINDOW_IDS:WINDOW_IDS + WINDOWS], self.shared[WINDOW_TOKENS:WINDOW_TOKENS + WINDOWS]
+        return float(tokens[ids > current - WINDOWS].sum())
+
+    def _sent(self, tokens: float, now: float) -> None:
+        current = math.floor(now / WINDOW_S)
+        slot = current % WINDOWS
+        if self.shared[WINDOW_IDS + slot] != current:
+            self.shared[WINDOW_IDS + slot], self.shared[WINDOW_TOKENS + slot] = current, 0.0
+        self.shared[WINDOW_TOKENS + slot] += tokens
+
     def queued(self, now: float) -> float:
-        """Tokens admitted and not yet finished, as far as this tokenizer can tell."""
-        while self._recent and now - self._recent[0][0] > IN_TRANSIT_S:
-            self._recent.popleft()
+        """Tokens admitted and not yet finished, as far as the tokenizers can tell."""
+        with self._lock():
+            return self._queued(now)
+
+    def _queued(self, now: float) -> float:
         outstanding = self._outstanding()
         encoders = self._live(ENCODER)
         last_end = float(self.rows[self.rows[:, ROLE] == ENCODER, LAST_END].max(initial=0.0))
-        others = self._live(TOKENIZER)
-        others = others[others[:, OWNER] != self.row[OWNER]]
-        if (not encoders[:, BUSY].any() and now - last_end > IN_TRANSIT_S
-                and not (now - others[:, LAST_END] <= IN_TRANSIT_S).any()):
-            # Every encoder idle, no other tokenizer sending: nothing is queued but what this one just sent.
-            self.forgotten = outstanding - sum(tokens for _, tokens in self._recent)
-        # Never below nothing queued: finished work it never admitted (direct calls to the encoder, another
-        # tokenizer's) would otherwise hide the next admissions.
-        self.forgotten = min(self.forgotten, outstanding)
-        return outstanding - self.forgotten
+        forgotten = float(self.shared[FORGOTTEN])
+        if not encoders[:, BUSY].any() and now - last_end > STALL_S:
+            # Every encoder idle past a stall: nothing is queued but what the tokenizers just sent.
+            forgotten = max(forgotten, outstanding - self._in_transit(now))
+        # Never below nothing queued: finished work no tokenizer admitted (direct calls to the encoder)
+        # would otherwise hide the next admissions.
+        self.shared[FORGOTTEN] = forgotten = min(forgotten, outstanding)
+        return outstanding - forgotten
 
     def wedged(self, now: float) -> bool:
         """An encoder busy with one batch for longer than the deadline."""
@@ -225,22 +268,27 @@ class TokenizerRow(Board):
 
     def admit_all(self, requests: list[int], now: float | None = None) -> list[Refusal | None]:
         """`admit` for a batch's requests in turn, the board read once (a batch of 30 short requests
-        otherwise read it 30 times: ~50 us each)."""
+        otherwise read it 30 times: ~50 us each) and locked: the other tokenizer instances wait."""
         now = time.monotonic() if now is None else now
-        queued = self.queued(now)
-        rate = self.tokens_per_s() if queued > 0 or len(requests) > 1 else None
-        if rate is not None and self.wedged(now):
-            rate = None
-        answers: list[Refusal | None] = []
-        admitted = 0.0
-        for tokens in requests:
-            refusal = refuse(queued, tokens, rate, self.budget_s) if rate is not None and queued > 0 else None
-            if refusal is None:
-                queued += tokens
-                admitted += tokens
-            answers.append(refusal)
-        if admitted:
-            self.row[TOTAL] += admitted
-            self.row[LAST_END] = now
-            self._recent.append((now, admitted))
+        with self._lock():
+            queued = self._queued(now)
+            rate = self.tokens_per_s() if queued > 0 or len(requests) > 1 else None
+            if rate is not None and self.wedged(now):
+                rate = None
+            # An idle encoder with nothing on its way takes the first request (the module's note).
+            free = not self._live(ENCODER)[:, BUSY].any() and self._in_transit(now) == 0
+            answers: list[Refusal | None] = []
+            admitted = 0.0
+            for tokens in requests:
+                refusal = (refuse(queued, tokens, rate, self.budget_s)
+                           if rate is not None and queued > 0 and not free else None)
+                if refusal is None:
+                    queued += tokens
+                    admitted += tokens
+                    free = False
+                answers.append(refusal)
+            if admitted:
+                self.row[TOTAL] += admitted
+                self.row[LAST_END] = now
+                self._sent(admitted, now)
         return answers

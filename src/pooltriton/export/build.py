@@ -101,6 +101,9 @@ class ExportOptions:
     batching: str = "ragged"  # or "buckets" (native backends: they cannot take ragged inputs)
     tensorrt: bool = False  # onnx on cuda: TensorRT as the onnxruntime backend's GPU accelerator
     encoder_threads: int = 2
+    # Two: Triton's batcher under a queue policy starts a waiting request only when a request arrives while
+    # an instance idles (docs/performance.md), so a busy one alone left refusals waiting up to 0.5 s.
+    tokenizer_instances: int = 2
     ragged_token_budget: int | None = None  # None: RAGGED_TOKEN_BUDGET of the device
     # Memory the ragged encoder may hold at once (export.memory's model of a row), shared by its instances
     # and streams; 0: half of the serving machine's. A text that alone needs more than its share is refused.
@@ -129,8 +132,8 @@ class ExportOptions:
             raise ResolutionError(str(error)) from None
         if self.memory_budget_mb < 0:
             raise ResolutionError("--memory-budget-mb must be 0 (half the machine's memory) or positive")
-        if self.queue_size < 1 or self.queue_timeout_ms < 1:
-            raise ResolutionError("--queue-size and --queue-timeout-ms must be positive")
+        if self.queue_size < 1 or self.queue_timeout_ms < 1 or self.tokenizer_instances < 1:
+            raise ResolutionError("--queue-size, --queue-timeout-ms and --tokenizer-instances must be positive")
         if self.tolerance is not None and not 0 < self.tolerance < 1:
             raise ResolutionError(f"--tolerance must be between 0 and 1, not {self.tolerance}")
         if self.precision == AUTO:
@@ -418,6 +421,7 @@ def _tokenizer_config(name: str, options: ExportOptions, config: PoolerConfig, t
         # No queue delay (here and on the encoder): under load requests queue while the encoder runs
         # anyway, and when idle a delay is pure latency on a single text (docs/performance.md).
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS, queue=queue),
+        instance_count=options.tokenizer_instances,
         parameters=parameters.to_parameters(),
     )
 
