@@ -15,6 +15,7 @@ from pooltriton.backends.workboard import (
     BUSY,
     IN_TRANSIT_S,
     OWNER,
+    SLOTS,
     STALL_S,
     TOTAL,
     WINDOW_S,
@@ -204,6 +205,19 @@ def test_a_dead_stage_instance_leaves_its_row_and_is_not_busy_for_ever(tmp_path)
     assert path.exists()  # a stage reloaded alone leaves the board to the other
     restarted.close()
     assert not path.exists()  # the last one out (a server stopping) removes it
+
+
+def test_a_full_board_refuses_one_more_instance_and_keeps_nothing_of_it(tmp_path) -> None:
+    """Past SLOTS live instances the stage runs without admission (the tokenizer logs it): the refused
+    instance leaves no map open and no row taken, and the board still goes with the last one out."""
+    path = tmp_path / "board"
+    rows = [EncoderRow(path) for _ in range(SLOTS)]
+    with pytest.raises(OSError, match="rows are taken"):
+        EncoderRow(path)
+    assert (rows[0].rows[:, OWNER] != 0).sum() == SLOTS
+    for row in rows:
+        row.close()
+    assert not path.exists()
 
 
 def test_only_live_encoders_rate_and_a_wedged_encoder_is_not_hidden_behind_refusals(tmp_path) -> None:

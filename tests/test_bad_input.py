@@ -115,9 +115,13 @@ def _request(module, client, model: str, inputs: dict[str, np.ndarray], paramete
                           "DOCUMENTS": np.array([b"x", b"y", b"z"], dtype=object)}, None, r"quer|document"),
         ("minilm_score", {"QUERY": np.array([b"a"], dtype=object)}, None, r"DOCUMENTS|input"),
         ("minilm_tokenizer", {"TEXT": texts("[1, -4]")}, {"mode": "detokenize"}, r"tokens must be ids"),
+        # Triton's front end refuses a TEXT of no elements; the tokenizer stage would too (BLS callers).
+        ("minilm", {"TEXT": np.empty((0, 1), dtype=object)}, None, r"got 0|empty batch"),
+        ("minilm_tokenizer", {"TEXT": np.empty((0, 1), dtype=object)}, {"mode": "tokenize"}, r"got 0|empty batch"),
     ],
     ids=["1MB-text", "too-many-texts", "bad-truncate", "bad-use-activation", "bad-max-tokens", "bad-token-ids",
-         "token-ids-not-json", "unknown-model", "mismatched-score-lists", "missing-documents", "bad-detokenize"],
+         "token-ids-not-json", "unknown-model", "mismatched-score-lists", "missing-documents", "bad-detokenize",
+         "no-texts", "tokenize-no-texts"],
 )
 def test_bad_requests_are_named_and_break_nothing(raw, model, inputs, parameters, message) -> None:
     module, client, _url = raw

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from pooltriton.contract import QUEUE_SIZE, QUEUE_TIMEOUT_MS
+from pooltriton.contract import ENCODER_THREADS, QUEUE_SIZE, QUEUE_TIMEOUT_MS, TOKENIZER_INSTANCES
 from pooltriton.core.capabilities import AUTO
 from pooltriton.core.runtimes import BF16, CPU, CUDA, FP16, FP32, INT8, RUNTIMES, TOLERANCES
 from pooltriton.core.semantics import PoolingType, Task
@@ -76,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "pads to fixed lengths so native backends can batch them")
     export.add_argument("--tensorrt", action="store_true",
                         help="onnx on cuda: TensorRT as the native onnxruntime backend's accelerator (fp32)")
-    export.add_argument("--encoder-threads", type=int, default=2, help="intra-op threads of the encoder")
-    export.add_argument("--tokenizer-instances", type=int, default=2,
+    export.add_argument("--encoder-threads", type=int, default=ENCODER_THREADS,
+                        help="intra-op threads of the encoder")
+    export.add_argument("--tokenizer-instances", type=int, default=TOKENIZER_INSTANCES,
                         help="instances of the tokenizer stage (one more keeps refusals fast while one works)")
     export.add_argument("--memory-budget-mb", type=int, default=0,
                         help="memory the encoder may hold at once, shared by its instances and streams (ragged "

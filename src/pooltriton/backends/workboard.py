@@ -102,6 +102,8 @@ class Board:
                     index = int(np.flatnonzero(candidates)[0])
                     break
             else:
+                del board, self.rows, self.shared  # (views of the map: it cannot close under them)
+                self._map.close()
                 raise OSError(f"{path}: all {SLOTS} rows are taken")
             self.row = self.rows[index]
             total = self.row[TOTAL] if self.row[ROLE] == role else 0.0
@@ -216,9 +218,10 @@ class TokenizerRow(Board):
     def _live(self, role: float) -> np.ndarray:
         return self.rows[(self.rows[:, ROLE] == role) & (self.rows[:, OWNER] != 0)]
 
-    def tokens_per_s(self) -> float | None:
-        """What the live encoders clear per busy second, summed; None before MIN_ANSWERS batches."""
-        encoders = self._live(ENCODER)
+    def tokens_per_s(self, encoders: np.ndarray | None = None) -> float | None:
+        """What the live encoders (`encoders`, read now if not given) clear per busy second, summed; None
+        before MIN_ANSWERS batches."""
+        encoders = self._live(ENCODER) if encoders is None else encoders
         if encoders[:, BATCHES].sum() < MIN_ANSWERS:
             return None
         measured = encoders[encoders[:, RATE_BUSY] > 0]
@@ -241,24 +244,24 @@ class TokenizerRow(Board):
     def queued(self, now: float) -> float:
         """Tokens admitted and not yet finished, as far as the tokenizers can tell."""
         with self._lock():
-            return self._queued(now)
+            return self._queued(now, self._live(ENCODER), self._in_transit(now))
 
-    def _queued(self, now: float) -> float:
+    def _queued(self, now: float, encoders: np.ndarray, in_transit: float) -> float:
+        """`queued`, under the lock, given the live encoders' rows and the work in transit as read now."""
         outstanding = self._outstanding()
-        encoders = self._live(ENCODER)
         last_end = float(self.rows[self.rows[:, ROLE] == ENCODER, LAST_END].max(initial=0.0))
         forgotten = float(self.shared[FORGOTTEN])
         if not encoders[:, BUSY].any() and now - last_end > STALL_S:
             # Every encoder idle past a stall: nothing is queued but what the tokenizers just sent.
-            forgotten = max(forgotten, outstanding - self._in_transit(now))
+            forgotten = max(forgotten, outstanding - in_transit)
         # Never below nothing queued: finished work no tokenizer admitted (direct calls to the encoder)
         # would otherwise hide the next admissions.
         self.shared[FORGOTTEN] = forgotten = min(forgotten, outstanding)
         return outstanding - forgotten
 
-    def wedged(self, now: float) -> bool:
+    def wedged(self, now: float, encoders: np.ndarray | None = None) -> bool:
         """An encoder busy with one batch for longer than the deadline."""
-        encoders = self._live(ENCODER)
+        encoders = self._live(ENCODER) if encoders is None else encoders
         return bool(((encoders[:, BUSY] > 0) & (now - encoders[:, STARTED] > self.deadline_s)).any())
 
     def admit(self, tokens: int, now: float | None = None) -> Refusal | None:
@@ -271,12 +274,13 @@ class TokenizerRow(Board):
         otherwise read it 30 times: ~50 us each) and locked: the other tokenizer instances wait."""
         now = time.monotonic() if now is None else now
         with self._lock():
-            queued = self._queued(now)
-            rate = self.tokens_per_s() if queued > 0 or len(requests) > 1 else None
-            if rate is not None and self.wedged(now):
+            encoders, in_transit = self._live(ENCODER), self._in_transit(now)  # read once per batch
+            queued = self._queued(now, encoders, in_transit)
+            rate = self.tokens_per_s(encoders) if queued > 0 or len(requests) > 1 else None
+            if rate is not None and self.wedged(now, encoders):
                 rate = None
             # An idle encoder with nothing on its way takes the first request (the module's note).
-            free = not self._live(ENCODER)[:, BUSY].any() and self._in_transit(now) == 0
+            free = not encoders[:, BUSY].any() and in_transit == 0
             answers: list[Refusal | None] = []
             admitted = 0.0
             for tokens in requests:

@@ -29,6 +29,11 @@ PRIORITY_LEVELS = 3
 # each); past that a request is rejected at once. One waiting longer than the timeout is rejected then:
 # at ~1.4 requests of 32 texts per second on 2 cores (docs/performance.md), 30 s is ~40 such requests.
 QUEUE_SIZE, QUEUE_TIMEOUT_MS = 128, 30_000
+# Export defaults the command line shares with ExportOptions: the encoder's intra-op threads (one per
+# core of the 2-core machines measured), and two tokenizer instances, since Triton's batcher under a queue
+# policy starts a waiting request only when one arrives while an instance idles (docs/performance.md): a
+# busy one alone left refusals waiting up to 0.5 s.
+ENCODER_THREADS, TOKENIZER_INSTANCES = 2, 2
 # Triton's APIs that are not inference, health or metadata answer only requests carrying this header
 # with the server's admin key (docs/security.md): shared-memory registration, the model repository
 # (index, load, unload), statistics, trace and logging settings.

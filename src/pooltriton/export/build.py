@@ -32,6 +32,7 @@ from pooltriton.contract import (
     DETOKENIZED,
     DOCUMENTS,
     ENCODER_OUTPUT,
+    ENCODER_THREADS,
     INPUT_IDS,
     LATE_INTERACTION,
     MAX_BATCH_SIZE,
@@ -45,6 +46,7 @@ from pooltriton.contract import (
     TEXT,
     TEXT_PAIR,
     TOKEN_COUNTS,
+    TOKENIZER_INSTANCES,
     Stages,
     invalid_model_name,
     stages,
@@ -100,10 +102,8 @@ class ExportOptions:
     device: str = "cpu"  # or "cuda": KIND_GPU encoder instances (torchscript)
     batching: str = "ragged"  # or "buckets" (native backends: they cannot take ragged inputs)
     tensorrt: bool = False  # onnx on cuda: TensorRT as the onnxruntime backend's GPU accelerator
-    encoder_threads: int = 2
-    # Two: Triton's batcher under a queue policy starts a waiting request only when a request arrives while
-    # an instance idles (docs/performance.md), so a busy one alone left refusals waiting up to 0.5 s.
-    tokenizer_instances: int = 2
+    encoder_threads: int = ENCODER_THREADS
+    tokenizer_instances: int = TOKENIZER_INSTANCES  # (why two: contract)
     ragged_token_budget: int | None = None  # None: RAGGED_TOKEN_BUDGET of the device
     # Memory the ragged encoder may hold at once (export.memory's model of a row), shared by its instances
     # and streams; 0: half of the serving machine's. A text that alone needs more than its share is refused.

@@ -85,6 +85,8 @@ class TritonPythonModel:
                 parameters = request_parameters(request)
                 activate.append(use_activation(parameters, self.use_activation))
                 texts = decode_texts(input_array(request, TEXT))
+                if not texts:  # (in tokenize mode it would reach `pad` and fail the whole batch)
+                    raise InputError("empty batch: send at least one text")
                 mode = parameters.get("mode")
                 encodes.append(mode not in (TOKENIZE, DETOKENIZE))
                 if mode == DETOKENIZE:
