@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from pooltriton.contract.admission import DEADLINE_SHARE, HORIZON_S, MIN_ANSWERS, Refusal, refuse
+from pooltriton.contract.stub import SERVER_PID_ARG, SHM_ARG, STUB
 
 SLOTS = 32  # stage instances per encoder (tokenizers and encoders together)
 # OWNER and BORN: the process holding a row (pid, its start time); 0 when it left. LAST_END: an encoder's
@@ -62,11 +63,11 @@ def stub_argv() -> list[str]:
 
 
 def board_path(stub_argv: list[str], encoder: str) -> Path | None:
-    """The board of `encoder` on this server: named after the stub's shared-memory region (argv[2], the
-    server's prefix + a 36-character UUID) and the server's pid (argv[5]); None outside a stub."""
-    if len(stub_argv) < 6 or not stub_argv[0].endswith("triton_python_backend_stub") or len(stub_argv[2]) <= 36:
+    """The board of `encoder` on this server: named after the stub's shared-memory region less its UUID
+    and the server's pid; None outside a stub."""
+    if len(stub_argv) <= SERVER_PID_ARG or not stub_argv[0].endswith(STUB) or len(stub_argv[SHM_ARG]) <= 36:
         return None
-    return Path("/dev/shm") / f"{stub_argv[2][:-36].lstrip('/')}work{stub_argv[5]}_{encoder}"
+    return Path("/dev/shm") / f"{stub_argv[SHM_ARG][:-36].lstrip('/')}work{stub_argv[SERVER_PID_ARG]}_{encoder}"
 
 
 def _born(pid: int) -> float:

@@ -35,6 +35,7 @@ from tritonclient.utils import InferenceServerException
 from pooltriton.contract import TEXT
 from pooltriton.contract.config import parse_config
 from pooltriton.contract.requests import text_array
+from pooltriton.contract.stub import INSTANCE_ARG, SHM_ARG, STUB
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,6 @@ INTERNAL, DEADLINE_EXCEEDED = str(grpc.StatusCode.INTERNAL), str(grpc.StatusCode
 INTERNAL_STRIKES = 3
 # Process states of a stub that cannot answer: stopped, traced, zombie, dead (/proc/<pid>/stat).
 _STUCK_STATES = frozenset("TtZXx")
-
-# The stub's command line: stub, model path, shm region, sizes..., instance name at this index.
-_INSTANCE_ARG = 8
-
 
 def process_state(pid: int) -> str:
     """The kernel's one-letter state of a process (R, S, D, T, Z, ...); X when it is gone."""
@@ -81,17 +78,17 @@ class Supervisor:
 
     def stubs(self) -> dict[str, int]:
         """This server's Python stubs, instance name -> pid."""
-        prefix = self.server.shm_prefix.encode()
+        prefix = self.server.shm_prefix
         found = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
             except OSError:
                 continue
-            if len(argv) > _INSTANCE_ARG and argv[0].endswith(b"triton_python_backend_stub") and prefix in argv[2]:
-                found[argv[_INSTANCE_ARG].decode()] = int(entry.name)
+            if len(argv) > INSTANCE_ARG and argv[0].endswith(STUB) and prefix in argv[SHM_ARG]:
+                found[argv[INSTANCE_ARG]] = int(entry.name)
         return found
 
     def start(self) -> Supervisor:
