@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import threading
 import time
 from contextlib import contextmanager
@@ -40,6 +41,14 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def stub_segfaults() -> int | None:
+    """Stub crashes the kernel has logged so far (None where the kernel log cannot be read)."""
+    result = subprocess.run(["dmesg"], capture_output=True, text=True)
+    if result.returncode != 0:
+        return None
+    return sum("segfault" in line and "triton_python_b" in line for line in result.stdout.splitlines())
 
 
 def start_server(repository: Path, log_file: Path, **kwargs) -> TritonServer:

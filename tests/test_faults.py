@@ -4,6 +4,7 @@ every request sent meanwhile got an answer or a definite error. Bounded in count
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import threading
@@ -13,19 +14,22 @@ import numpy as np
 import pytest
 
 from pooltriton.client import PoolingClient
-from pooltriton.server.supervisor import Supervisor, instance_model
+from pooltriton.server.launcher import EXIT_TIMEOUT_S
+from pooltriton.server.supervisor import Supervisor, instance_model, server_stubs
 
-from conftest import REPOSITORY, start_server
+from conftest import REPOSITORY, start_server, stub_segfaults
 
 RECOVERY_BOUND_S = 30  # readiness back and exact answers within this, per fault
 WEDGE_DEADLINE_S = 3.0  # the canary's deadline here (an idle server answers one text in milliseconds)
+RETIRE_GRACE_S = 10.0  # an unloaded tokenizer's stubs exit within ~2 s here
 QUERY, DOCUMENTS = "A man is eating food.", ["A man is eating a piece of bread.", "A monkey plays drums."]
 
 
 @pytest.fixture(scope="module")
 def supervised(tmp_path_factory: pytest.TempPathFactory):
     server = start_server(REPOSITORY, tmp_path_factory.mktemp("faults") / "server.log")
-    supervisor = Supervisor(server, interval_s=0.5, canary_interval_s=1.0, canary_deadline_s=WEDGE_DEADLINE_S).start()
+    supervisor = Supervisor(server, interval_s=0.5, canary_interval_s=1.0, canary_deadline_s=WEDGE_DEADLINE_S,
+                            retire_grace_s=RETIRE_GRACE_S).start()
     yield server, supervisor
     supervisor.stop()
     server.stop()
@@ -131,3 +135,66 @@ def test_a_canary_past_its_deadline_restarts_every_stage_of_its_ensemble(supervi
     texts = ["one text to embed", "and a second one"]
     with PoolingClient(server.grpc_url, protocol="grpc") as client:
         np.testing.assert_allclose(client.embed(texts), minilm_st.encode(texts, normalize_embeddings=True), atol=1e-5)
+
+
+def test_a_stub_that_dies_mid_request_leaves_nothing_behind_and_the_server_still_stops(supervised, minilm_st) -> None:
+    """One of the tokenizer's two stubs stops while requests reach it: Triton 2.51 then keeps the old model
+    (its Python backend leaks the request's response factory), so after the reload its other stub lives
+    on and Triton's own stop would wait out its exit timeout and exit 1 with orphaned stubs. The
+    supervisor retires that stub, and the launcher's stop (drain, unload everything, SIGTERM) finishes
+    without waiting out Triton's exit timeout, leaving no stub, no crash and no shared memory. Last in
+    this module: it stops the module's server."""
+    server, supervisor = supervised
+    texts = ["one text to embed", "and a second one"]
+    expected = minilm_st.encode(texts, normalize_embeddings=True)
+    old = {pid for pid, instance in server_stubs(server.shm_prefix).items()
+           if instance_model(instance) == "minilm_tokenizer"}
+    victim = supervisor.stubs()["minilm_tokenizer_0_0"]
+    healed_before = len(supervisor.healed)
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def load() -> None:  # requests to both tokenizer instances until the stopped one is found
+        with PoolingClient(server.grpc_url, protocol="grpc", retries=0) as client:
+            while not stop.is_set():
+                try:
+                    outcomes.append("exact" if np.abs(client.embed(texts) - expected).max() <= 1e-5 else "WRONG")
+                except Exception as error:  # a definite error, with a status
+                    outcomes.append(f"error {getattr(error, 'status', lambda: '?')()}")
+
+    os.kill(victim, signal.SIGSTOP)
+    workers = [threading.Thread(target=load) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < RECOVERY_BOUND_S + RETIRE_GRACE_S:
+            if len(supervisor.healed) > healed_before and not old & set(server_stubs(server.shm_prefix)):
+                break
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(60)
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert "minilm_tokenizer" in [model for model, _ in supervisor.healed[healed_before:]], supervisor.healed
+    assert not old & set(server_stubs(server.shm_prefix)), "a stub of the unloaded tokenizer is still alive"
+    assert "WRONG" not in outcomes and outcomes[-1] == "exact", outcomes[-10:]
+    print(f"\nstopped tokenizer stub: retired {supervisor.retired}; {outcomes.count('exact')} exact answers, "
+          f"{len(outcomes) - outcomes.count('exact')} definite errors")
+
+    segfaults = stub_segfaults()
+    supervisor.stop()
+    stopping = time.monotonic()
+    code = server.stop()
+    stopped_in = time.monotonic() - stopping
+    assert stopped_in < EXIT_TIMEOUT_S, f"the stop waited out Triton's exit timeout ({stopped_in:.0f} s)"
+    assert code in (0, -signal.SIGKILL), code
+    assert not server_stubs(server.shm_prefix), "a stub outlived its server"
+    assert not glob.glob(f"/dev/shm/{server.shm_prefix}*")
+    if segfaults is not None:
+        assert stub_segfaults() == segfaults, "a Python stub segfaulted while the server stopped (see dmesg)"
+    print(f"stop after the faults: {stopped_in:.1f} s, exit code {code}")

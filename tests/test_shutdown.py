@@ -5,7 +5,6 @@ from __future__ import annotations
 import glob
 import os
 import signal
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -14,15 +13,7 @@ from tritonclient.utils import InferenceServerException
 
 from pooltriton.client import PoolingClient
 
-from conftest import REPOSITORY, edit_config, start_server
-
-
-def stub_segfaults() -> int | None:
-    """Stub crashes the kernel has logged so far (None where the kernel log cannot be read)."""
-    result = subprocess.run(["dmesg"], capture_output=True, text=True)
-    if result.returncode != 0:
-        return None
-    return sum("segfault" in line and "triton_python_b" in line for line in result.stdout.splitlines())
+from conftest import REPOSITORY, edit_config, start_server, stub_segfaults
 
 
 def test_stop_leaves_no_crashed_stub_and_no_shared_memory(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 from pooltriton.contract import ADMIN_HEADER, ADMIN_KEY_ENV, RESTRICTED_APIS, admin_headers, stages
 from pooltriton.contract.config import parse_config
 from pooltriton.server.assemble import SERVER_ENV, server_binary, triton_home
-from pooltriton.server.supervisor import CANARY_DEADLINE_S, CANARY_INTERVAL_S, Supervisor
+from pooltriton.server.supervisor import CANARY_DEADLINE_S, CANARY_INTERVAL_S, Supervisor, server_stubs
 
 log = logging.getLogger(__name__)
 # A server that is not (or no longer) there: refused or reset connections, or Triton's own error.
@@ -36,6 +36,9 @@ ADMIN_ERRORS = (OSError, http.client.HTTPException, InferenceServerException)
 # is 30 s; Triton's own exit timeout follows).
 DRAIN_TIMEOUT_S = 20.0
 EXIT_TIMEOUT_S = 60
+# Once the repository API shows every model unloaded, Triton's own stop has nothing left to do but
+# exit; one still running this long after SIGTERM waits on a model it no longer lists (see stop).
+UNLOADED_EXIT_S = 10.0
 
 
 def _backend(repository: Path, name: str) -> str:
@@ -195,15 +198,45 @@ class TritonServer:
         except ADMIN_ERRORS:
             return  # the server is already going: nothing left to drain
 
+    def unload_all(self, timeout: float = EXIT_TIMEOUT_S) -> bool:
+        """Unload every model still loaded (after the drain: the stages) and wait until the repository
+        index shows none loaded; True when it does within `timeout`."""
+        deadline = time.monotonic() + timeout
+        try:
+            for name in sorted(m["name"] for m in self.repository_index() if m.get("state") == "READY"):
+                self.unload(name, timeout=30)
+            while time.monotonic() < deadline:
+                if all(m.get("state") in ("UNAVAILABLE", None) for m in self.repository_index()):
+                    return True
+                time.sleep(0.2)
+        except ADMIN_ERRORS:
+            pass  # the server is already going
+        return False
+
     def stop(self, timeout: float = EXIT_TIMEOUT_S + 15, drain: bool = True) -> int | None:
+        """Drain, unload everything, SIGTERM, and return tritonserver's exit code (-9 where it had to be
+        killed). Triton 2.51 can hold a model it no longer lists (its Python backend leaks a model whose
+        stub died mid-request, see supervisor): its stop then waits out the whole exit timeout and exits
+        1, its other stubs orphaned. So once the index shows every model unloaded, a server still running
+        UNLOADED_EXIT_S after SIGTERM holds only such models: its stubs and then the server are killed."""
         code = None
         if self.process is not None and self.process.poll() is None:
+            unloaded = False
             if drain:
                 self.drain()
+                unloaded = self.unload_all()
             self.process.send_signal(signal.SIGTERM)
             try:
-                code = self.process.wait(timeout)
+                code = self.process.wait(UNLOADED_EXIT_S if unloaded else timeout)
             except subprocess.TimeoutExpired:
+                if unloaded:
+                    log.warning("tritonserver still runs %g s after every model was unloaded: it holds models "
+                                "whose stub died mid-request; killing it", UNLOADED_EXIT_S)
+                for pid in server_stubs(self.shm_prefix):  # not left orphaned
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
                 self.process.kill()
                 code = self.process.wait()
         elif self.process is not None:

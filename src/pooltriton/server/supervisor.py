@@ -16,6 +16,13 @@ answering its health pings, among others): the ensemble's stubs the kernel shows
 zombie, gone) are killed; with none such, only INTERNAL_STRIKES such canaries in a row count as a
 wedge (one stage's transient error is not). DEADLINE_EXCEEDED: the stubs of all the ensemble's stages
 are killed. The watch above then reloads them. Overload (UNAVAILABLE) and reloads are not wedges.
+
+A stub that dies while it executes a request leaks the old model inside Triton 2.51: the Python backend
+returns early from that execution without freeing the requests' response factories, which hold the
+model, so the unload never finishes (Triton's own stop then waits out its exit timeout, see
+`TritonServer.stop`) and the old model's other instances keep their stubs alive. So the stubs a
+reload replaces are retired: one still alive RETIRE_GRACE_S after its model was unloaded (an unloaded
+instance finishes its batch and exits well within that) is killed.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ INTERNAL, DEADLINE_EXCEEDED = str(grpc.StatusCode.INTERNAL), str(grpc.StatusCode
 INTERNAL_STRIKES = 3
 # Process states of a stub that cannot answer: stopped, traced, zombie, dead (/proc/<pid>/stat).
 _STUCK_STATES = frozenset("TtZXx")
+RETIRE_GRACE_S = 30.0
 
 def process_state(pid: int) -> str:
     """The kernel's one-letter state of a process (R, S, D, T, Z, ...); X when it is gone."""
@@ -63,11 +71,30 @@ def instance_model(instance: str) -> str:
     return instance.rsplit("_", 2)[0]
 
 
+def server_stubs(shm_prefix: str) -> dict[int, str]:
+    """The Python stubs of the server with this shared-memory prefix, pid -> instance name (a pid, not a
+    name, is unique: the stubs of an unloaded model that Triton still holds share their replacements' names)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if len(argv) > INSTANCE_ARG and argv[0].endswith(STUB) and shm_prefix in argv[SHM_ARG]:
+            found[int(entry.name)] = argv[INSTANCE_ARG]
+    return found
+
+
 class Supervisor:
     def __init__(self, server, interval_s: float = 1.0, canary_interval_s: float = CANARY_INTERVAL_S,
-                 canary_deadline_s: float = CANARY_DEADLINE_S) -> None:
+                 canary_deadline_s: float = CANARY_DEADLINE_S, retire_grace_s: float = RETIRE_GRACE_S) -> None:
         self.server = server
         self.interval_s = interval_s
+        self.retire_grace_s = retire_grace_s
+        self.retiring: dict[int, float] = {}  # pid of a replaced stub still alive -> when it is killed
+        self.retired: list[str] = []  # instances of unloaded models whose stub had to be killed
         self.canary_interval_s, self.canary_deadline_s = canary_interval_s, canary_deadline_s
         self.expected: dict[str, int] = {}  # instance name -> pid
         self.healed: list[tuple[str, float]] = []  # (model, seconds to recover)
@@ -77,19 +104,10 @@ class Supervisor:
         self._threads: list[threading.Thread] = []
 
     def stubs(self) -> dict[str, int]:
-        """This server's Python stubs, instance name -> pid."""
-        prefix = self.server.shm_prefix
-        found = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            except OSError:
-                continue
-            if len(argv) > INSTANCE_ARG and argv[0].endswith(STUB) and prefix in argv[SHM_ARG]:
-                found[argv[INSTANCE_ARG]] = int(entry.name)
-        return found
+        """This server's Python stubs, instance name -> pid (a retiring stub of an unloaded model, which
+        has the same instance name as its replacement, is not one of them)."""
+        return {instance: pid for pid, instance in server_stubs(self.server.shm_prefix).items()
+                if pid not in self.retiring}
 
     def start(self) -> Supervisor:
         self.expected = self.stubs()
@@ -114,11 +132,14 @@ class Supervisor:
 
     def check(self) -> list[str]:
         """Reload every model one of whose stubs died since the last check; returns those models."""
+        self.retire()
         current = self.stubs()
         dead = sorted({instance_model(i) for i, pid in self.expected.items() if current.get(i) != pid})
         for model in dead:
             started = time.monotonic()
             log.warning("supervisor: a stub of %s died; reloading it", model)
+            self.retiring |= {pid: started + self.retire_grace_s for i, pid in current.items()
+                              if instance_model(i) == model}
             self.server.unload(model)
             self.server.load(model)
             self.healed.append((model, time.monotonic() - started))
@@ -131,6 +152,28 @@ class Supervisor:
         self.expected = {**{i: p for i, p in self.expected.items() if instance_model(i) not in dead},
                          **{i: current.get(i, 0) for i in reloaded}}
         return dead
+
+    def retire(self, now: float | None = None) -> list[str]:
+        """Kill the replaced stubs still alive past their grace (their model was leaked, see above);
+        returns their instances."""
+        now = time.monotonic() if now is None else now
+        alive = server_stubs(self.server.shm_prefix)
+        killed = []
+        for pid, deadline in list(self.retiring.items()):
+            if pid not in alive:  # exited (a zombie has no command line)
+                del self.retiring[pid]
+            elif now >= deadline:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(alive[pid])
+                except ProcessLookupError:
+                    pass
+                del self.retiring[pid]
+        if killed:
+            log.warning("supervisor: %s outlived the unload of its model (Triton kept the model whose stub died "
+                        "mid-request); killed", ", ".join(sorted(killed)))
+            self.retired += killed
+        return killed
 
     @functools.cached_property
     def ensembles(self) -> dict[str, list[str]]:
