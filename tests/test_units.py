@@ -92,6 +92,17 @@ def test_tokenizer_ignores_tokenizer_json_limits() -> None:
         tokenizer(["word " * 300])
 
 
+def test_a_request_of_no_texts_fails_alone() -> None:
+    """Triton's front end refuses a TEXT of no elements; a BLS caller's still gets its own error, and
+    the requests batched with it are encoded."""
+    tokenizer = TextTokenizer(str(minilm_path() / "tokenizer.json"), max_length=256)
+    empty, fine = tokenizer.encode_requests([([], None, Truncation.parse(None), 256),
+                                             (["short"], None, Truncation.parse(None), 256)])
+    assert isinstance(empty, InputError) and "empty batch" in str(empty)
+    assert [e.ids for e in fine[0]] == [e.ids for e in tokenizer.encode_requests(
+        [(["short"], None, Truncation.parse(None), 256)])[0][0]]
+
+
 def test_plan_chunks_sorts_and_respects_budget() -> None:
     lengths = np.array([5, 300, 20, 7, 300, 64, 700])
     chunks = plan_chunks(lengths, token_budget=600, max_rows=4, call_cost=64)

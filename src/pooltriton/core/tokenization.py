@@ -194,9 +194,14 @@ class TextTokenizer:
         return Batch(ids, mask, types, lengths, truncated)
 
 
+def empty_batch(texts: list[str]) -> InputError | None:
+    """A request of no texts (Triton's front end refuses one; a BLS caller may still send it)."""
+    return None if texts else InputError("empty batch: send at least one text")
+
+
 def _check_texts(texts: list[str], pairs: list[str] | None = None) -> InputError | None:
-    if not texts:
-        return InputError("empty batch: send at least one text")
+    if error := empty_batch(texts):
+        return error
     if pairs is not None and len(pairs) != len(texts):
         return InputError(f"TEXT_PAIR has {len(pairs)} texts but TEXT has {len(texts)}: they pair up one to one")
     for name, items in (("text", texts), ("text pair", pairs or [])):

@@ -44,7 +44,7 @@ from pooltriton.contract.admission import Refusal, retry_phrase
 from pooltriton.contract.parameters import TokenizerParameters
 from pooltriton.contract.requests import text_array
 from pooltriton.core.semantics import Truncation
-from pooltriton.core.tokenization import InputError, TextTokenizer, TokenIds, decode_texts
+from pooltriton.core.tokenization import InputError, TextTokenizer, TokenIds, decode_texts, empty_batch
 
 
 class TritonPythonModel:
@@ -85,8 +85,8 @@ class TritonPythonModel:
                 parameters = request_parameters(request)
                 activate.append(use_activation(parameters, self.use_activation))
                 texts = decode_texts(input_array(request, TEXT))
-                if not texts:  # (in tokenize mode it would reach `pad` and fail the whole batch)
-                    raise InputError("empty batch: send at least one text")
+                if error := empty_batch(texts):  # every mode (tokenize mode would fail the batch in `pad`)
+                    raise error
                 mode = parameters.get("mode")
                 encodes.append(mode not in (TOKENIZE, DETOKENIZE))
                 if mode == DETOKENIZE:
