@@ -293,6 +293,10 @@ class TritonServer:
                                           env={**os.environ, ADMIN_KEY_ENV: self.admin_key})
                 log.info("gateway: %s", " ".join(companion[2:]))
             time.sleep(0.2)
+        if not stop["requested"]:
+            # Triton 2.51 aborts when a stub dies inside its IPC (boost lock_exception, Triton issue 8882):
+            # exit with its code so the orchestrator restarts the container.
+            log.error("tritonserver exited by itself with code %s; stopping", self.process.returncode)
         if supervisor is not None:
             supervisor.stop()
         if helper is not None and helper.poll() is None:
