@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,55 @@ def test_stop_leaves_no_crashed_stub_and_no_shared_memory(tmp_path: Path) -> Non
     if before is None:
         pytest.skip("the kernel log (dmesg) cannot be read here: stub crashes not checked")
     assert stub_segfaults() == before, "a Python stub segfaulted while the server stopped (see dmesg)"
+
+
+def test_a_stage_that_died_mid_request_and_was_not_reloaded_does_not_hold_the_stop(tmp_path: Path) -> None:
+    """No supervisor: one of the tokenizer's two stubs stops while requests reach it, then is killed.
+    Triton 2.51 can never finish unloading that model (its Python backend keeps the failed request's
+    response factory), so its own stop would wait out the exit timeout and exit 1. The launcher's stop
+    sees the unload make no progress and ends it: no stub, no shared memory, no crash left."""
+    import threading
+
+    from pooltriton.server.launcher import EXIT_TIMEOUT_S
+    from pooltriton.server.supervisor import server_stubs
+
+    before = stub_segfaults()
+    server = start_server(_minilm_repository(tmp_path / "repository", 2), tmp_path / "server.log")
+    failed = threading.Event()
+    try:
+        victim = next(pid for pid, instance in server_stubs(server.shm_prefix).items()
+                      if instance == "minilm_tokenizer_0_0")
+        os.kill(victim, signal.SIGSTOP)
+
+        def load() -> None:  # until a request met the stopped stub (Triton: INTERNAL, "not healthy")
+            with PoolingClient(server.grpc_url, protocol="grpc", retries=0) as client:
+                for _ in range(50):
+                    if failed.is_set():
+                        return
+                    try:
+                        client.embed(["one text"])
+                    except InferenceServerException:
+                        failed.set()
+
+        workers = [threading.Thread(target=load) for _ in range(4)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(120)
+        os.kill(victim, signal.SIGKILL)
+        stopping = time.monotonic()
+        code = server.stop()
+        stopped_in = time.monotonic() - stopping
+    finally:
+        server.stop()
+    assert failed.is_set(), "no request reached the stopped stub"
+    assert stopped_in < EXIT_TIMEOUT_S, f"the stop waited out Triton's exit timeout ({stopped_in:.0f} s)"
+    assert code in (0, -signal.SIGKILL), code
+    assert not server_stubs(server.shm_prefix), "a stub outlived its server"
+    assert not glob.glob(f"/dev/shm/{server.shm_prefix}*")
+    if before is not None:
+        assert stub_segfaults() == before, "a Python stub segfaulted while the server stopped (see dmesg)"
+    print(f"\nstop with a stage that died mid-request: {stopped_in:.1f} s, exit code {code}")
 
 
 def _minilm_repository(folder: Path, threads: int) -> Path:

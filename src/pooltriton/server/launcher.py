@@ -39,6 +39,9 @@ EXIT_TIMEOUT_S = 60
 # Once the repository API shows every model unloaded, Triton's own stop has nothing left to do but
 # exit; one still running this long after SIGTERM waits on a model it no longer lists (see stop).
 UNLOADED_EXIT_S = 10.0
+# After the drain no stage has requests left to finish: an unload that makes no progress this long
+# never will (each stage unloads in 1-3 s here).
+UNLOAD_STALL_S = 15.0
 
 
 def _backend(repository: Path, name: str) -> str:
@@ -198,15 +201,26 @@ class TritonServer:
         except ADMIN_ERRORS:
             return  # the server is already going: nothing left to drain
 
-    def unload_all(self, timeout: float = EXIT_TIMEOUT_S) -> bool:
+    def unload_all(self, timeout: float = EXIT_TIMEOUT_S, stall_s: float = UNLOAD_STALL_S) -> bool:
         """Unload every model still loaded (after the drain: the stages) and wait until the repository
-        index shows none loaded; True when it does within `timeout`."""
+        index shows none loaded, or until those left have stayed UNLOADING for `stall_s` with none
+        finishing (a model whose stub died mid-request never does, see stop); True then, False when
+        the server is gone or `timeout` passed with models still loading or ready."""
         deadline = time.monotonic() + timeout
         try:
             for name in sorted(m["name"] for m in self.repository_index() if m.get("state") == "READY"):
                 self.unload(name, timeout=30)
+            left, since = None, time.monotonic()
             while time.monotonic() < deadline:
-                if all(m.get("state") in ("UNAVAILABLE", None) for m in self.repository_index()):
+                states = {m["name"]: m.get("state") for m in self.repository_index()}
+                now_left = {name for name, state in states.items() if state not in ("UNAVAILABLE", None)}
+                if now_left != left:
+                    left, since = now_left, time.monotonic()
+                if not left:
+                    return True
+                if all(states[name] == "UNLOADING" for name in left) and time.monotonic() - since >= stall_s:
+                    log.warning("%s stayed UNLOADING for %g s with nothing finishing: stopping anyway",
+                                ", ".join(sorted(left)), stall_s)
                     return True
                 time.sleep(0.2)
         except ADMIN_ERRORS:
@@ -217,8 +231,9 @@ class TritonServer:
         """Drain, unload everything, SIGTERM, and return tritonserver's exit code (-9 where it had to be
         killed). Triton 2.51 can hold a model it no longer lists (its Python backend leaks a model whose
         stub died mid-request, see supervisor): its stop then waits out the whole exit timeout and exits
-        1, its other stubs orphaned. So once the index shows every model unloaded, a server still running
-        UNLOADED_EXIT_S after SIGTERM holds only such models: its stubs and then the server are killed."""
+        1, its other stubs orphaned. So once the index shows every model unloaded (or stuck unloading, see
+        unload_all), a server still running UNLOADED_EXIT_S after SIGTERM holds only such models: its
+        stubs and then the server are killed."""
         code = None
         if self.process is not None and self.process.poll() is None:
             unloaded = False

@@ -55,6 +55,7 @@ INTERNAL, DEADLINE_EXCEEDED = str(grpc.StatusCode.INTERNAL), str(grpc.StatusCode
 INTERNAL_STRIKES = 3
 # Process states of a stub that cannot answer: stopped, traced, zombie, dead (/proc/<pid>/stat).
 _STUCK_STATES = frozenset("TtZXx")
+_STOPPED_STATES = frozenset("Tt")
 RETIRE_GRACE_S = 30.0
 
 def process_state(pid: int) -> str:
@@ -186,31 +187,34 @@ class Supervisor:
         return found
 
     def canary(self, model: str) -> dict[str, int]:
-        """Nothing when a one-text inference of `model` answered (or was refused for overload or a reload);
-        else the stubs to restart, as they were when the canary was sent (a stub the watch has replaced
-        since is not touched): on INTERNAL those of the ensemble's stages the kernel shows cannot run, or
-        after INTERNAL_STRIKES such canaries with none, every stage's; past the deadline every stage's."""
+        """Nothing when a one-text inference of `model` answered (or was refused for overload or a reload)
+        and none of its stages' stubs is stopped; else the stubs to restart, as they were when the canary
+        was sent (a stub the watch has replaced since is not touched): those stopped before and after the
+        canary whatever it met (under load a canary lands on a free instance, and a stopped one among
+        several fails each request fast, so it is free only for moments); on INTERNAL those of the
+        ensemble's stages the kernel shows cannot run, or after INTERNAL_STRIKES such canaries with none,
+        every stage's; past the deadline every stage's."""
         import tritonclient.grpc as grpcclient
 
         sent_to = self.stubs()
+        steps = self.ensembles.get(model, [])
+        stages = {i: pid for i, pid in sent_to.items() if instance_model(i) in steps}
+        stopped = {i for i, pid in stages.items() if process_state(pid) in _STOPPED_STATES}
         inputs = [grpcclient.InferInput(TEXT, [1, 1], "BYTES")]
         inputs[0].set_data_from_numpy(text_array(["canary"], batched=True))
+        status = None
         with grpcclient.InferenceServerClient(self.server.grpc_url) as client:
             try:
                 client.infer(model, inputs, priority=CANARY_PRIORITY, client_timeout=self.canary_deadline_s)
-                self.strikes.pop(model, None)
-                return {}
             except InferenceServerException as error:
                 status = error.status()
-        if status not in (INTERNAL, DEADLINE_EXCEEDED):
-            self.strikes.pop(model, None)
-            return {}
-        steps = self.ensembles.get(model, [])
         if any(i not in sent_to for i in self.expected if instance_model(i) in steps):
             self.strikes.pop(model, None)
             return {}  # a stage's stub died: the watch reloads it, its failing canaries are no wedge
-        stages = {i: pid for i, pid in sent_to.items() if instance_model(i) in steps}
         stuck = {i: pid for i, pid in stages.items() if process_state(pid) in _STUCK_STATES}
+        if status not in (INTERNAL, DEADLINE_EXCEEDED):
+            self.strikes.pop(model, None)
+            return {i: pid for i, pid in stuck.items() if i in stopped}
         if stuck or status == DEADLINE_EXCEEDED:
             self.strikes.pop(model, None)
             return stuck or stages
@@ -235,8 +239,8 @@ class Supervisor:
                 except ProcessLookupError:
                     pass  # already dead: the watch has it
             if killed:
-                log.warning("supervisor: %s failed its canary (deadline %g s); restarted %s", model,
-                            self.canary_deadline_s, ", ".join(sorted(killed)))
+                log.warning("supervisor: %s is wedged (its canary failed, deadline %g s, or a stub is stopped); "
+                            "restarted %s", model, self.canary_deadline_s, ", ".join(sorted(killed)))
                 wedged.append(model)
         self.wedged += wedged
         return wedged
