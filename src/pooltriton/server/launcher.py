@@ -42,6 +42,9 @@ UNLOADED_EXIT_S = 10.0
 # After the drain no stage has requests left to finish: an unload that makes no progress this long
 # never will (each stage unloads in 1-3 s here).
 UNLOAD_STALL_S = 15.0
+# The stages' unload after the drain (a few seconds for ~15 models here), within Kubernetes' 90 s grace
+# together with the drain.
+UNLOAD_TIMEOUT_S = 30.0
 
 
 def _backend(repository: Path, name: str) -> str:
@@ -201,7 +204,7 @@ class TritonServer:
         except ADMIN_ERRORS:
             return  # the server is already going: nothing left to drain
 
-    def unload_all(self, timeout: float = EXIT_TIMEOUT_S, stall_s: float = UNLOAD_STALL_S) -> bool:
+    def unload_all(self, timeout: float = UNLOAD_TIMEOUT_S, stall_s: float = UNLOAD_STALL_S) -> bool:
         """Unload every model still loaded (after the drain: the stages) and wait until the repository
         index shows none loaded, or until those left have stayed UNLOADING for `stall_s` with none
         finishing (a model whose stub died mid-request never does, see stop); True then, False when
