@@ -51,6 +51,29 @@ def stub_segfaults() -> int | None:
     return sum("segfault" in line and "triton_python_b" in line for line in result.stdout.splitlines())
 
 
+def stop_without_exit_timeout(server: TritonServer, what: str) -> None:
+    """Stop `server` (the launcher's stop) and check it did not wait out Triton's exit timeout and left
+    no stub, no shared memory and no stub crash (a server that held a model whose stub died mid-request
+    is killed once everything else is unloaded: -9)."""
+    import glob
+    import signal
+
+    from pooltriton.server.launcher import EXIT_TIMEOUT_S
+    from pooltriton.server.supervisor import server_stubs
+
+    segfaults = stub_segfaults()
+    stopping = time.monotonic()
+    code = server.stop()
+    stopped_in = time.monotonic() - stopping
+    assert stopped_in < EXIT_TIMEOUT_S, f"the stop waited out Triton's exit timeout ({stopped_in:.0f} s)"
+    assert code in (0, -signal.SIGKILL), code
+    assert not server_stubs(server.shm_prefix), "a stub outlived its server"
+    assert not glob.glob(f"/dev/shm/{server.shm_prefix}*")
+    if segfaults is not None:
+        assert stub_segfaults() == segfaults, "a Python stub segfaulted while the server stopped (see dmesg)"
+    print(f"\nstop {what}: {stopped_in:.1f} s, exit code {code}")
+
+
 def start_server(repository: Path, log_file: Path, **kwargs) -> TritonServer:
     server = TritonServer(repository, assemble(BACKENDS), http_port=free_port(), grpc_port=free_port(),
                           metrics_port=free_port(), log_file=log_file, **kwargs)

@@ -4,7 +4,6 @@ every request sent meanwhile got an answer or a definite error. Bounded in count
 
 from __future__ import annotations
 
-import glob
 import os
 import signal
 import threading
@@ -14,10 +13,9 @@ import numpy as np
 import pytest
 
 from pooltriton.client import PoolingClient
-from pooltriton.server.launcher import EXIT_TIMEOUT_S
 from pooltriton.server.supervisor import Supervisor, instance_model, server_stubs
 
-from conftest import REPOSITORY, start_server, stub_segfaults
+from conftest import REPOSITORY, start_server, stop_without_exit_timeout
 
 RECOVERY_BOUND_S = 30  # readiness back and exact answers within this, per fault
 WEDGE_DEADLINE_S = 3.0  # the canary's deadline here (an idle server answers one text in milliseconds)
@@ -186,15 +184,5 @@ def test_a_stub_that_dies_mid_request_leaves_nothing_behind_and_the_server_still
     print(f"\nstopped tokenizer stub: retired {supervisor.retired}; {outcomes.count('exact')} exact answers, "
           f"{len(outcomes) - outcomes.count('exact')} definite errors")
 
-    segfaults = stub_segfaults()
     supervisor.stop()
-    stopping = time.monotonic()
-    code = server.stop()
-    stopped_in = time.monotonic() - stopping
-    assert stopped_in < EXIT_TIMEOUT_S, f"the stop waited out Triton's exit timeout ({stopped_in:.0f} s)"
-    assert code in (0, -signal.SIGKILL), code
-    assert not server_stubs(server.shm_prefix), "a stub outlived its server"
-    assert not glob.glob(f"/dev/shm/{server.shm_prefix}*")
-    if segfaults is not None:
-        assert stub_segfaults() == segfaults, "a Python stub segfaulted while the server stopped (see dmesg)"
-    print(f"stop after the faults: {stopped_in:.1f} s, exit code {code}")
+    stop_without_exit_timeout(server, "after the faults")
