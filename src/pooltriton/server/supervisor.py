@@ -104,11 +104,11 @@ class Supervisor:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
-    def stubs(self) -> dict[str, int]:
+    def stubs(self, alive: dict[int, str] | None = None) -> dict[str, int]:
         """This server's Python stubs, instance name -> pid (a retiring stub of an unloaded model, which
-        has the same instance name as its replacement, is not one of them)."""
-        return {instance: pid for pid, instance in server_stubs(self.server.shm_prefix).items()
-                if pid not in self.retiring}
+        has the same instance name as its replacement, is not one of them). `alive`: a scan already made."""
+        alive = server_stubs(self.server.shm_prefix) if alive is None else alive
+        return {instance: pid for pid, instance in alive.items() if pid not in self.retiring}
 
     def start(self) -> Supervisor:
         self.expected = self.stubs()
@@ -133,8 +133,9 @@ class Supervisor:
 
     def check(self) -> list[str]:
         """Reload every model one of whose stubs died since the last check; returns those models."""
-        self.retire()
-        current = self.stubs()
+        alive = server_stubs(self.server.shm_prefix)
+        self.retire(alive)
+        current = self.stubs(alive)
         dead = sorted({instance_model(i) for i, pid in self.expected.items() if current.get(i) != pid})
         for model in dead:
             started = time.monotonic()
@@ -154,11 +155,10 @@ class Supervisor:
                          **{i: current.get(i, 0) for i in reloaded}}
         return dead
 
-    def retire(self, now: float | None = None) -> list[str]:
-        """Kill the replaced stubs still alive past their grace (their model was leaked, see above);
-        returns their instances."""
-        now = time.monotonic() if now is None else now
-        alive = server_stubs(self.server.shm_prefix)
+    def retire(self, alive: dict[int, str]) -> list[str]:
+        """Kill the replaced stubs still alive (`alive`: this server's stubs now) past their grace (their
+        model was leaked, see above); returns their instances."""
+        now = time.monotonic()
         killed = []
         for pid, deadline in list(self.retiring.items()):
             if pid not in alive:  # exited (a zombie has no command line)
