@@ -15,7 +15,13 @@ from tiny_models import build
 from pooltriton.contract.config import parse_config
 from pooltriton.core.capabilities import detect
 from pooltriton.core.resolve import resolve
-from pooltriton.core.runtimes import INT8_ACTIVATION_GROUPS, openvino_precision, openvino_properties
+from pooltriton.core.runtimes import (
+    INT8_ACTIVATION_GROUPS,
+    RUNTIMES,
+    openvino_int8_products,
+    openvino_precision,
+    openvino_properties,
+)
 from pooltriton.core.semantics import PoolingType
 from pooltriton.core.tokenization import TextTokenizer
 from pooltriton.export.build import ExportOptions, export_model
@@ -109,6 +115,31 @@ def test_int8_export_meets_its_bounds_and_runs_in_int8() -> None:
     compiled = ov.Core().compile_model(model, "CPU", properties)
     assert int(compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == group
     assert openvino_precision(compiled) == "int8"
+
+
+def test_the_int8_read_back_counts_a_product_only_where_its_activations_are_quantized() -> None:
+    """A product with NNCF's int8 weights is int8 only if the plugin quantizes its activations at run time,
+    i.e. if switching that off changes its answer; on AMX hosts it does not in bf16 (int8 weights become
+    bf16 products there), so int8's own compile hint must keep it int8 where the read-back says so."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    rng = np.random.default_rng(1)
+    x = ops.parameter([-1, -1, 128], np.float32)
+    weights = ops.convert(ops.constant(rng.integers(0, 256, (96, 128), dtype=np.uint8)), "f32")
+    zero_point = ops.convert(ops.constant(rng.integers(100, 156, (96, 1), dtype=np.uint8)), "f32")
+    scale = ops.constant((rng.random((96, 1)) * 0.01).astype(np.float32))
+    model = ov.Model([ops.matmul(x, ops.multiply(ops.subtract(weights, zero_point), scale), False, True)], [x])
+    feeds = rng.standard_normal((2, 7, 128)).astype(np.float32)
+    int8_hint = openvino_properties(RUNTIMES["openvino"].parameters(threads=1, precision="int8").get)
+    for hint in ("f32", "bf16", int8_hint["INFERENCE_PRECISION_HINT"]):
+        properties = {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": 1}
+        compiled = ov.Core().compile_model(model, "CPU", {**properties, "DYNAMIC_QUANTIZATION_GROUP_SIZE": 32})
+        unquantized = ov.Core().compile_model(model, "CPU", {**properties, "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
+        quantized = not np.array_equal(compiled(feeds)[0], unquantized(feeds)[0])
+        assert openvino_int8_products(compiled) == (int(quantized), 1), hint
+        assert openvino_int8_products(unquantized) == (0, 1)
+    assert quantized, "int8's compile hint leaves its products unquantized on this CPU"
 
 
 def test_int8_accuracy_control_returns_the_most_harmful_products_to_fp32() -> None:

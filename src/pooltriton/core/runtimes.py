@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 FP32, BF16, FP16, INT8 = "fp32", "bf16", "fp16", "int8"
@@ -52,9 +53,10 @@ class Runtime:
             streams = min(2, threads) if precision == BF16 and threads > 1 else 1
             # int8: what is not an int8 product (attention, norms, activations) in bf16 where the CPU has
             # it natively (the plugin resolves the hint to f32 where not): 1.80-2.02 vs 1.74-1.75 x fp32 in-process
-            # at the same cosine (docs/performance.md).
+            # at the same cosine (docs/performance.md); in f32 where bf16 would stop the products being int8.
+            bf16 = precision == BF16 or (precision == INT8 and bf16_keeps_int8_products())
             return {"INFERENCE_NUM_THREADS": str(threads), "NUM_STREAMS": str(streams),
-                    "PERFORMANCE_HINT": "LATENCY", "HINT_BF16": "YES" if precision in (BF16, INT8) else "NO"}
+                    "PERFORMANCE_HINT": "LATENCY", "HINT_BF16": "YES" if bf16 else "NO"}
         # onnxruntime and pytorch share this key; TorchScript weights already carry their dtype.
         return {INTRA_OP_THREADS: str(threads)}
 
@@ -70,6 +72,32 @@ RUNTIMES = {
     # Traced on the export device in the export precision (fp16 is the GPU option).
     "torchscript": Runtime("torchscript", "pytorch", "model.pt", (FP32, BF16, FP16), (CPU, CUDA)),
 }
+
+
+@cache
+def bf16_keeps_int8_products() -> bool:
+    """Whether OpenVINO's CPU plugin, compiling in bf16, still quantizes the activations of products with
+    int8 weights at run time. On AMX hosts it does not (measured with OpenVINO 2026.4.1: the same answers
+    with the quantization group at 32, 128, 384 or off): it turns the int8 weights into bf16 AMX products,
+    no faster than bf16 and not int8. Asked once of a small product with int8 weights: whether switching
+    run-time quantization off changes its answer."""
+    import numpy as np
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    rng = np.random.default_rng(0)
+    size = 256
+    x = ops.parameter([-1, size], np.float32)
+    # NNCF's pattern (u8 weights and zero points, converted): the plugin takes it for compressed weights.
+    weights = ops.convert(ops.constant(rng.integers(0, 256, (size, size), dtype=np.uint8)), "f32")
+    zero_point = ops.convert(ops.constant(np.full((size, 1), 128, dtype=np.uint8)), "f32")
+    scale = ops.constant((rng.random((size, 1)) * 0.01).astype(np.float32))
+    product = ops.matmul(x, ops.multiply(ops.subtract(weights, zero_point), scale), False, True)
+    model, core = ov.Model([product], [x]), ov.Core()
+    feeds = rng.standard_normal((4, size)).astype(np.float32)
+    answers = [core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "bf16", DYNAMIC_QUANTIZATION: group,
+                                                  "INFERENCE_NUM_THREADS": 1})(feeds)[0] for group in (32, 0)]
+    return not np.array_equal(*answers)
 
 
 def openvino_properties(parameter: Callable[[str, Any], Any]) -> dict[str, object]:
@@ -114,7 +142,9 @@ def openvino_int8_products(compiled: Any) -> tuple[int, int]:
         if info["layerType"].astype(str) in ("FullyConnected", "MatMul", "Convolution"):
             products += 1
             types = [op.input(i).get_element_type().get_type_name() for i in range(min(2, op.get_input_size()))]
-            int8 += types[0] in ("u8", "i8") or (dynamic and types[-1] in ("u8", "i8"))
+            quantized_at_run_time = dynamic and types[-1] in ("u8", "i8") and (
+                types[0] != "bf16" or bf16_keeps_int8_products())
+            int8 += types[0] in ("u8", "i8") or quantized_at_run_time
     return int8, products
 
 
