@@ -9,7 +9,8 @@ static post-training quantization, which missed the bound. Before that, SmoothQu
 the validation texts and its weights multiplied by them, exact in f32, so outlier channels stop setting
 the scale of their quantization group; that is what lets larger (faster) groups keep the bound. What is
 not an int8 product (attention, norms, products kept out of int8) runs in bf16 where the CPU has it
-natively, else in fp32 (core.runtimes).
+natively and the plugin still quantizes the products' activations in bf16 (not on AMX hosts), else in
+fp32 (core.runtimes).
 
 Accuracy control then measures the int8 encoder against the fp32 one on held-out real sentences
 (export.corpus): it takes the largest activation group (INT8_ACTIVATION_GROUPS: larger is faster and
@@ -76,7 +77,8 @@ class Quantized:
                           f"texts); int8 weights (NNCF, asymmetric, per output channel); activations quantized at run "
                           f"time per {self.activation_group} input channels (OpenVINO CPU plugin; the largest of "
                           f"{', '.join(map(str, INT8_ACTIVATION_GROUPS))} well within the tolerance); the rest in "
-                          "bf16 where the CPU has it natively, else fp32",
+                          "bf16 where the CPU has it natively and the products stay int8 in bf16 (not on AMX), "
+                          "else fp32",
                 "activation_group": self.activation_group, "smoothed_inputs": self.smoothed_inputs,
                 "validation_texts": self.validation_texts, "int8_products": self.int8_products,
                 "products": self.products, "kept_out_of_int8": list(self.restored), "corpus": self.source}
