@@ -133,8 +133,9 @@ def openvino_precision(compiled: Any) -> str:
 def openvino_int8_products(compiled: Any) -> tuple[int, int]:
     """(matrix products the CPU plugin runs in int8, all matrix products) of a compiled model: those
     whose activations arrive in 8 bits (a statically quantized graph), or whose weights are 8-bit while
-    the plugin quantizes activations at run time. int8 weights alone are decompressed to float: no
-    faster, so they do not count."""
+    the plugin quantizes activations at run time (for bf16 activations, only where
+    bf16_keeps_int8_products). int8 weights alone are decompressed to float: no faster, so they do not
+    count."""
     dynamic = int(compiled.get_property(DYNAMIC_QUANTIZATION)) > 0
     int8 = products = 0
     for op in compiled.get_runtime_model().get_ordered_ops():
