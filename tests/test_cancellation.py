@@ -1,6 +1,14 @@
-"""Work for clients that went away is dropped: gRPC clients past their deadline, and HTTP clients of
-the gateway that disconnect (the gateway cancels its gRPC call). Measured on the encoder stage's own
-count of computed texts (Triton's metrics port), against a real server; loopback, bounded."""
+"""Work for clients that went away: gRPC clients past their deadline, and HTTP clients of the gateway
+that disconnect (the gateway cancels its gRPC call). Measured on the encoder stage's own count of
+computed texts (Triton's metrics port), against a real server; loopback, bounded.
+
+Triton 2.51 drops a cancelled ensemble request only between its steps: a step request already queued
+at the encoder is computed (its `is_cancelled()` stays false; triton-inference-server/server#6739),
+so on a fast host, where the tokenizer step clears a whole flood within its clients' 0.3 s, a
+cancellation alone saved nothing (24 of 24 computed, measured). What drops queued work on every host
+is Triton's own request timeout (tritonclient's `timeout`, which each step's queue policy applies):
+a client with a deadline sends it too.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +27,7 @@ from pooltriton.contract.requests import text_array
 
 from conftest import running_gateway
 
-REQUESTS, TEXTS = 24, 32  # each ~0.7 s of encoder time here: ~17 s if all were computed
+REQUESTS, TEXTS = 24, 32  # each 0.3-0.7 s of encoder time: 7-17 s if all were computed
 DEADLINE_S = 0.3
 
 
@@ -53,19 +61,34 @@ def _once_admitted(call, bound_s: float = 90.0):
             time.sleep(min(max(hint, 0.5), 5.0))
 
 
-def _settled(server, timeout: float = 60) -> float:
-    """The encoder's count once it stopped moving (the server finished whatever it kept)."""
-    last, deadline = _encoded(server), time.monotonic() + timeout
+def _metric(server, name: str, model: str = "minilm_encoder") -> float:
+    text = httpx.get(server.metrics_url, timeout=10).text
+    match = re.search(rf'^{name}\{{model="{model}",version="1"\}} (\S+)$', text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def _settled(server, timeout: float = 90) -> float:
+    """The encoder's count once nothing is pending in the pipeline and the count stopped moving. A
+    count only moves when an execution ends (~1 s for a batch of four requests here), so a quiet second
+    alone is no proof: an earlier version returned mid-flood and passed by luck."""
+    deadline = time.monotonic() + timeout
+    last = _encoded(server)
     while time.monotonic() < deadline:
-        time.sleep(1.0)
+        time.sleep(0.5)
+        pending = sum(_metric(server, "nv_inference_pending_request_count", model)
+                      for model in ("minilm", "minilm_tokenizer", "minilm_encoder"))
         now = _encoded(server)
-        if now == last:
+        if pending == 0 and now == last:
             return now
         last = now
-    return last
+    raise AssertionError(f"the server was still busy {timeout} s after the flood")
 
 
 def test_grpc_requests_past_their_deadline_are_not_computed(server, grpc_client, minilm_st) -> None:
+    """With Triton's request timeout beside the client's deadline, the requests still queued at the
+    encoder when it passes are dropped there: at most the first execution (one request, the encoder was
+    idle) and the batch it takes when that ends (up to 128 texts) run, 5 of 24 requests on any host whose
+    batch of four takes longer than 0.3 s minus one request's time (measured here: 0.3 and 1.1 s)."""
     texts = _texts()
     grpc_client.embed(texts[:1])  # warm
     before = _settled(server)
@@ -77,9 +100,11 @@ def test_grpc_requests_past_their_deadline_are_not_computed(server, grpc_client,
                 inputs = [grpcclient.InferInput(TEXT, [TEXTS, 1], "BYTES")]
                 inputs[0].set_data_from_numpy(text_array(texts, batched=True))
                 try:
-                    await client.infer("minilm", inputs, client_timeout=DEADLINE_S)
+                    await client.infer("minilm", inputs, client_timeout=DEADLINE_S, timeout=int(DEADLINE_S * 1e6))
                     return "ok"
                 except InferenceServerException as error:  # or refused at once by admission by work
+                    if "Request timeout expired" in str(error):
+                        return "timed out"  # Triton's timeout, as the client's own
                     return "refused" if retry_after_in(str(error)) is not None else str(error.status())
 
             return await asyncio.gather(*(one() for _ in range(REQUESTS)))
@@ -87,23 +112,26 @@ def test_grpc_requests_past_their_deadline_are_not_computed(server, grpc_client,
             await client.close()
 
     outcomes = asyncio.run(flood())
-    assert outcomes.count("StatusCode.DEADLINE_EXCEEDED") + outcomes.count("refused") >= REQUESTS - 2, outcomes
+    assert sum(outcomes.count(o) for o in ("StatusCode.DEADLINE_EXCEEDED", "timed out", "refused")) >= REQUESTS - 2, \
+        outcomes
     computed = _settled(server) - before
-    # Without cancellation all REQUESTS x TEXTS texts would be computed after their clients left.
+    # Without the timeout all REQUESTS x TEXTS texts were computed after their clients left (fast host).
     assert computed <= REQUESTS * TEXTS / 4, (computed, REQUESTS * TEXTS)
     # ... and the server answers exactly afterwards.
     np.testing.assert_allclose(_once_admitted(lambda: grpc_client.embed(texts[:4])),
                                minilm_st.encode(texts[:4], normalize_embeddings=True), atol=1e-5)
 
 
-def test_gateway_cancels_work_of_disconnected_clients(server, minilm_st) -> None:
+def test_gateway_cancels_the_triton_calls_of_disconnected_clients(server, minilm_st) -> None:
+    """Each handler whose client left is cancelled with its gRPC call (counted as 499). What that saves
+    inside Triton depends on the host's speed (module docstring): an HTTP client's disconnect is no
+    deadline Triton could apply, so the encoder's count is not bounded here, only waited for."""
     texts = _texts()
     # No admission by work here: it would refuse part of this flood at once (its rate measured on one
     # short text), and the test is about requests that were accepted and then abandoned.
     with running_gateway(server.grpc_url, admin_key=server.admin_key, deadline_s=None) as url:
         _once_admitted(lambda: httpx.post(f"{url}/v1/embeddings", json={"model": "minilm", "input": texts[:1]},
                                           timeout=60).raise_for_status())
-        before = _settled(server)
 
         async def flood() -> list[str]:
             async with httpx.AsyncClient(timeout=DEADLINE_S) as client:
@@ -118,8 +146,7 @@ def test_gateway_cancels_work_of_disconnected_clients(server, minilm_st) -> None
 
         outcomes = asyncio.run(flood())
         assert outcomes.count("gone") >= REQUESTS - 2, outcomes
-        computed = _settled(server) - before
-        assert computed <= REQUESTS * TEXTS / 4, (computed, REQUESTS * TEXTS)
+        _settled(server)
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
         closed = re.search(r'requests_total\{route="/v1/embeddings",status="499"\} (\d+)', metrics)
         assert closed and int(closed.group(1)) >= REQUESTS - 2, metrics
