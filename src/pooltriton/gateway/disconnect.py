@@ -4,7 +4,9 @@ uvicorn lets a handler run to its end after the client disconnected; for the gat
 Triton computing embeddings nobody will read. This ASGI middleware watches the connection once the
 request body has been read and cancels the handler when the client disconnects: the handler's gRPC
 call to Triton is cancelled with it, and Triton drops the request from its queues and between
-ensemble steps.
+ensemble steps. The handler runs in the request's own task and only the watcher gets a task of its
+own: a second task per request (and `asyncio.wait` over both) cost ~12 us of the gateway's ~200 us of
+Python per short embedding (hot, measured in-process).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ class CancelOnDisconnect:
             await self.app(scope, receive, send)
             return
         started = time.monotonic()
+        handler = asyncio.current_task()
         body_read = asyncio.Event()
+        answered = gone = False
 
         async def receive_body() -> dict:
             message = await receive()
@@ -33,28 +37,27 @@ class CancelOnDisconnect:
                 body_read.set()
             return message
 
-        answered = False
-
         async def send_noting(message: dict) -> None:
             nonlocal answered
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body"):
                 answered = True  # uvicorn's receive() now says "disconnect" too: not a client gone
 
-        async def disconnected() -> None:
+        async def watch() -> None:
+            nonlocal gone
             await body_read.wait()  # before that, the handler itself reads (and would see the disconnect)
             while (await receive())["type"] != "http.disconnect":
                 pass
+            if not answered:
+                gone = True
+                handler.cancel()  # the handler is suspended at an await: it is cancelled there
 
-        handler = asyncio.ensure_future(self.app(scope, receive_body, send_noting))
-        watcher = asyncio.ensure_future(disconnected())
+        watcher = asyncio.ensure_future(watch())
         try:
-            await asyncio.wait({handler, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            await self.app(scope, receive_body, send_noting)
+        except asyncio.CancelledError:
+            if not gone or handler.uncancel():  # cancelled by something else too (the server stopping)
+                raise
+            self.on_cancel(scope, time.monotonic() - started)
         finally:
             watcher.cancel()
-        if not handler.done() and not answered:
-            handler.cancel()
-            await asyncio.gather(handler, return_exceptions=True)
-            self.on_cancel(scope, time.monotonic() - started)
-            return
-        await handler
