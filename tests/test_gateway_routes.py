@@ -258,3 +258,63 @@ def test_bodies_over_the_limit_get_413_over_real_http(fake) -> None:
         assert http.post("/v1/embeddings", json={"model": "emb", "input": "x"}).status_code == 200
         samples = _samples(http.get("/metrics").text)
     assert samples[("pooltriton_gateway_requests_total", (("route", "/v1/embeddings"), ("status", "413")))] == 2
+
+
+def test_cancel_on_disconnect_cancels_only_for_a_client_gone() -> None:
+    """The middleware alone, over an app that waits until released: a client that disconnects before the
+    answer cancels the handler (counted, nothing raised, no cancellation left on the request's task); a
+    cancellation from outside (the server stopping) goes through uncounted, also when the client left at
+    the same moment; an answered request is left alone."""
+    import asyncio
+
+    from pooltriton.gateway.disconnect import CancelOnDisconnect
+
+    async def case(disconnect: bool, outside: bool) -> tuple[list[float], str, int]:
+        release, started, client_gone = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+        async def app(scope, receive, send) -> None:
+            await receive()  # the body
+            started.set()
+            await release.wait()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+
+        cancelled: list[float] = []
+        middleware = CancelOnDisconnect(app, on_cancel=lambda scope, seconds: cancelled.append(seconds))
+        bodies = [{"type": "http.request", "body": b"", "more_body": False}]
+
+        async def receive() -> dict:
+            if bodies:
+                return bodies.pop()
+            await client_gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(_message: dict) -> None:
+            pass
+
+        async def request() -> int:
+            await middleware({"type": "http"}, receive, send)
+            return asyncio.current_task().cancelling()
+
+        task = asyncio.ensure_future(request())
+        await started.wait()
+        if disconnect:
+            client_gone.set()
+        if outside:
+            task.cancel()
+        if not disconnect and not outside:
+            release.set()
+        try:
+            left = await task
+            return cancelled, "returned", left
+        except asyncio.CancelledError:
+            return cancelled, "raised", -1
+
+    cancelled, how, left = asyncio.run(case(disconnect=True, outside=False))
+    assert len(cancelled) == 1 and how == "returned" and left == 0
+    cancelled, how, _ = asyncio.run(case(disconnect=False, outside=True))
+    assert cancelled == [] and how == "raised"
+    cancelled, how, _ = asyncio.run(case(disconnect=True, outside=True))
+    assert cancelled == [] and how == "raised"
+    cancelled, how, left = asyncio.run(case(disconnect=False, outside=False))
+    assert cancelled == [] and how == "returned" and left == 0
