@@ -13,7 +13,8 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from pooltriton.client import AsyncPoolingClient
-from pooltriton.contract.requests import BACKOFF_S, MAX_BACKOFF_S, classify, retry_delay
+from pooltriton.client.service import TritonTransport
+from pooltriton.contract.requests import BACKOFF_S, MAX_BACKOFF_S, TritonRequest, classify, retry_delay
 
 from conftest import running_gateway
 
@@ -86,6 +87,40 @@ def test_a_refusal_by_admission_is_retried_no_sooner_than_it_says_and_not_at_all
                     ).retry_after_s is None
 
 
+class _TimingOut:
+    """tritonclient's infer as a server whose queue timed the request out: records each call's keywords."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    async def infer(self, *_args, **keywords):
+        self.calls.append(keywords)
+        raise InferenceServerException("Request timeout expired", status="StatusCode.UNAVAILABLE")
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_client_deadline_goes_to_triton_and_bounds_the_retries(protocol: str) -> None:
+    async def run(timeout_s: float | None, retries: int) -> tuple[list[dict], InferenceServerException]:
+        transport = TritonTransport("localhost:1", protocol, retries=retries, timeout_s=timeout_s)
+        await transport.server.close()
+        transport.server = _TimingOut()
+        request = TritonRequest("m", {"TEXT": ["a"]}, ("EMBEDDING",), {}, batched=True)
+        with pytest.raises(InferenceServerException) as raised:
+            await transport.infer(request)
+        return transport.server.calls, raised.value
+
+    calls, error = asyncio.run(run(BACKOFF_S * 2.5, retries=8))
+    # Triton gets the time left as the request's own timeout (microseconds), gRPC also as the call's deadline.
+    assert 0 < calls[0]["timeout"] <= BACKOFF_S * 2.5 * 1e6
+    assert ("client_timeout" in calls[0]) == (protocol == "grpc")
+    # Retried while the backoff fits before the deadline (0.25 s, then 0.5 s would pass 0.625 s), then
+    # the last error at once; without a deadline, every attempt and no timeout sent.
+    assert len(calls) == 2 and "timeout expired" in str(error)
+    assert calls[1]["timeout"] < calls[0]["timeout"]  # one deadline for all attempts
+    calls, _ = asyncio.run(run(None, retries=3))
+    assert len(calls) == 3 and all(call.get("timeout") is None and "client_timeout" not in call for call in calls)
+
+
 @pytest.mark.parametrize(("command", "message"), [
     (["classify", "--model", "rampart", "x"], "serves task 'token_classify', not 'classify'"),
     (["embed", "word " * 300], "limit of 256 tokens"),
@@ -111,6 +146,8 @@ def test_cli_commands(server, http_client, minilm_st) -> None:
     cosines = vectors[1:] @ vectors[0]
     out = cli("score", query, *documents)
     assert np.abs(np.array([row["score"] for row in out["data"]]) - cosines).max() <= 1e-5
+    out = cli("--timeout-s", "60", "embed", query)  # a deadline that holds changes nothing in the answer
+    assert np.abs(np.array(out["data"][0]["embedding"]) - vectors[0]).max() <= 1e-5
     out = cli("rerank", query, *documents)
     order = [int(i) for i in np.argsort(-cosines)]
     assert [r["index"] for r in out["results"]] == order

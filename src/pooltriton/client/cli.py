@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pooltriton-client", description=__doc__)
     parser.add_argument("--url", help="server address (default localhost:8000 http / localhost:8001 grpc)")
     parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    parser.add_argument("--timeout-s", type=float, help="each inference's deadline, retries included; also "
+                        "sent to Triton as the request's timeout (a stage drops work queued past it)")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (("embed", "embed texts"), ("classify", "class probabilities per text"),
                             ("encode", "any task's raw output (token tasks: one list per text)")):
@@ -37,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--model", default="minilm")
         command.add_argument("--top-n", type=int, help="rerank: keep the best N")
     args = parser.parse_args(argv)
+    if args.timeout_s is not None and args.timeout_s <= 0:
+        parser.error("--timeout-s must be positive")
     try:
         output = _run(args)
     except (ValueError, InferenceServerException) as error:
@@ -48,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> dict:
-    with PoolingClient(args.url, protocol=args.protocol, model=args.model) as client:
+    with PoolingClient(args.url, protocol=args.protocol, model=args.model, timeout_s=args.timeout_s) as client:
         if args.command in ("embed", "classify", "encode"):
             options = {"truncate": args.truncate, "use_activation": False if args.no_activation else None}
             texts = _texts(args)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
+from tritonclient.utils import InferenceServerException
 
 from pooltriton.client.coalesce import Coalescer
 from pooltriton.contract import (
@@ -101,11 +102,21 @@ class Transport(Protocol):
 
 
 class TritonTransport:
-    """tritonclient's aio client (HTTP or gRPC); every call retried on UNAVAILABLE (`retry_delay`)."""
+    """tritonclient's aio client (HTTP or gRPC); every call retried on UNAVAILABLE (`retry_delay`).
 
-    def __init__(self, url: str | None = None, protocol: str = "grpc", retries: int = RETRIES) -> None:
+    `timeout_s`: each inference's deadline, retries included (metadata reads are not bounded). It goes to
+    Triton too, as the request's own timeout: Triton 2.51 does not pass a client's cancellation on to a
+    request already queued at a stage (it is computed for nobody), but each stage's queue drops a request
+    that waited there longer than its timeout ("Request timeout expired", UNAVAILABLE: retried only while
+    time is left). Past the deadline: DEADLINE_EXCEEDED."""
+
+    def __init__(self, url: str | None = None, protocol: str = "grpc", retries: int = RETRIES,
+                 timeout_s: float | None = None) -> None:
         if protocol not in ("http", "grpc"):
             raise ValueError(f"protocol must be 'http' or 'grpc', not {protocol!r}")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, not {timeout_s}")
+        self.timeout_s = timeout_s
         if protocol == "http":
             import tritonclient.http.aio as module
         else:
@@ -114,18 +125,26 @@ class TritonTransport:
         self.server = module.InferenceServerClient(url or DEFAULT_URLS[protocol])
         self.protocol, self.retries = protocol, retries
 
-    async def retry(self, call: Any) -> Any:
+    async def retry(self, call: Any, deadline: float | None = None) -> Any:
+        """`call()` retried by the policy; never waiting past `deadline` (time.monotonic()) to retry."""
         for attempt in itertools.count():
             try:
                 return await call()
             except Exception as error:
                 failure = self._connection_error(error) or error
-                if (delay := retry_delay(attempt, failure, self.retries)) is None:
+                delay = retry_delay(attempt, failure, self.retries)
+                if delay is not None and deadline is not None and time.monotonic() + delay >= deadline:
+                    delay = None
+                if delay is None:
                     if failure is error:
                         raise
                     raise failure from error
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
+
+    def _past_deadline(self) -> InferenceServerException:
+        return InferenceServerException(f"no answer within the client's {self.timeout_s:g} s",
+                                        status="StatusCode.DEADLINE_EXCEEDED")
 
     def _connection_error(self, error: Exception) -> ConnectionError | None:
         """aiohttp's refused or dropped connections (the HTTP client's) as the ConnectionError they are:
@@ -152,9 +171,29 @@ class TritonTransport:
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
         requested = [self._module.InferRequestedOutput(name) for name in request.outputs]
-        result = await self.retry(lambda: self.server.infer(request.model, tensors, outputs=requested,
-                                                            parameters=request.parameters or None,
-                                                            priority=request.priority))
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+
+        async def call() -> Any:
+            if deadline is None:
+                return await self.server.infer(request.model, tensors, outputs=requested,
+                                               parameters=request.parameters or None, priority=request.priority)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._past_deadline()
+            # Triton's timeout is in microseconds; each stage's queue applies it from the request's arrival.
+            timeout = max(int(left * 1e6), 1)
+            if self.protocol == "grpc":  # past client_timeout: DEADLINE_EXCEEDED from tritonclient itself
+                return await self.server.infer(request.model, tensors, outputs=requested, priority=request.priority,
+                                               parameters=request.parameters or None, timeout=timeout,
+                                               client_timeout=left)
+            try:  # tritonclient's HTTP client has no deadline of its own per call
+                return await asyncio.wait_for(
+                    self.server.infer(request.model, tensors, outputs=requested, priority=request.priority,
+                                      parameters=request.parameters or None, timeout=timeout), left)
+            except asyncio.TimeoutError:
+                raise self._past_deadline() from None
+
+        result = await self.retry(call, deadline)
         return {name: result.as_numpy(name) for name in request.outputs}
 
     async def model_config(self, name: str) -> dict:

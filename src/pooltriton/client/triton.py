@@ -56,11 +56,13 @@ class TokenClassification:
 
 class AsyncPoolingClient:
     """asyncio client: the pooling service's answers without their usage. Every call retries on
-    UNAVAILABLE with exponential backoff; `priority` is vLLM's (lower runs earlier, 0 default)."""
+    UNAVAILABLE with exponential backoff; `priority` is vLLM's (lower runs earlier, 0 default).
+    `timeout_s`: each inference's deadline, retries included, also sent to Triton as the request's
+    timeout, so a stage drops work that waited in its queue past it (service.TritonTransport)."""
 
     def __init__(self, url: str | None = None, protocol: str = "grpc", model: str = "minilm",
-                 max_batch: int = MAX_BATCH_SIZE, retries: int = RETRIES) -> None:
-        self.service = PoolingService(TritonTransport(url, protocol, retries), model, max_batch)
+                 max_batch: int = MAX_BATCH_SIZE, retries: int = RETRIES, timeout_s: float | None = None) -> None:
+        self.service = PoolingService(TritonTransport(url, protocol, retries, timeout_s), model, max_batch)
 
     @property
     def server(self) -> Any:
@@ -149,13 +151,13 @@ class PoolingClient:
     """Blocking client: the asyncio client's methods, run on a private event loop thread."""
 
     def __init__(self, url: str | None = None, protocol: str = "http", model: str = "minilm",
-                 max_batch: int = MAX_BATCH_SIZE, retries: int = RETRIES) -> None:
+                 max_batch: int = MAX_BATCH_SIZE, retries: int = RETRIES, timeout_s: float | None = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="pooltriton-client", daemon=True)
         self._thread.start()
 
         async def make() -> AsyncPoolingClient:  # tritonclient's aio clients belong to the loop they run on
-            return AsyncPoolingClient(url, protocol, model, max_batch, retries)
+            return AsyncPoolingClient(url, protocol, model, max_batch, retries, timeout_s)
 
         try:
             self._async = self._run(make())
