@@ -174,22 +174,21 @@ class TritonTransport:
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
 
         async def call() -> Any:
-            if deadline is None:
-                return await self.server.infer(request.model, tensors, outputs=requested,
-                                               parameters=request.parameters or None, priority=request.priority)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise self._past_deadline()
-            # Triton's timeout is in microseconds; each stage's queue applies it from the request's arrival.
-            timeout = max(int(left * 1e6), 1)
-            if self.protocol == "grpc":  # past client_timeout: DEADLINE_EXCEEDED from tritonclient itself
-                return await self.server.infer(request.model, tensors, outputs=requested, priority=request.priority,
-                                               parameters=request.parameters or None, timeout=timeout,
-                                               client_timeout=left)
+            options: dict[str, Any] = {}
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._past_deadline()
+                # Triton's timeout is in microseconds; each stage's queue applies it from the request's arrival.
+                options["timeout"] = max(int(left * 1e6), 1)
+                if self.protocol == "grpc":  # past it: DEADLINE_EXCEEDED from tritonclient itself
+                    options["client_timeout"] = left
+            sent = self.server.infer(request.model, tensors, outputs=requested,
+                                     parameters=request.parameters or None, priority=request.priority, **options)
+            if deadline is None or self.protocol == "grpc":
+                return await sent
             try:  # tritonclient's HTTP client has no deadline of its own per call
-                return await asyncio.wait_for(
-                    self.server.infer(request.model, tensors, outputs=requested, priority=request.priority,
-                                      parameters=request.parameters or None, timeout=timeout), left)
+                return await asyncio.wait_for(sent, left)
             except asyncio.TimeoutError:
                 raise self._past_deadline() from None
 
