@@ -41,9 +41,7 @@ def _texts() -> list[str]:
 
 def _encoded(server) -> float:
     """Texts the minilm encoder has computed so far."""
-    text = httpx.get(server.metrics_url, timeout=10).text
-    match = re.search(r'^nv_inference_count\{model="minilm_encoder",version="1"\} (\S+)$', text, re.M)
-    return float(match.group(1)) if match else 0.0
+    return _metric(server, "nv_inference_count")
 
 
 def _once_admitted(call, bound_s: float = 90.0):
@@ -148,17 +146,18 @@ def test_gateway_cancels_the_triton_calls_of_disconnected_clients(server, grpc_c
             async with httpx.AsyncClient(timeout=DEADLINE_S) as client:
                 async def one() -> str:
                     try:
-                        await client.post(f"{url}/v1/embeddings", json={"model": "minilm", "input": texts})
-                        return "ok"
+                        answer = await client.post(f"{url}/v1/embeddings", json={"model": "minilm", "input": texts})
+                        # Triton's own admission by work (the tokenizer stage) may refuse part of it at once.
+                        return "refused" if answer.status_code == 429 else "ok"
                     except httpx.TimeoutException:
                         return "gone"  # httpx closes the connection on its timeout
 
                 return await asyncio.gather(*(one() for _ in range(REQUESTS)))
 
         outcomes = asyncio.run(flood())
-        # A fast host answers a few within 0.3 s (7 of 24 on a fast AMX hour); most cannot be (768 texts).
+        # Refused at once (2-15 of 24 here, after the floods above) or abandoned: none answered in 0.3 s.
         gone = outcomes.count("gone")
-        assert gone >= REQUESTS // 2, outcomes
+        assert gone + outcomes.count("refused") >= REQUESTS - 2 and gone >= REQUESTS // 4, outcomes
         _settled(server, grpc_client)
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
         closed = re.search(r'requests_total\{route="/v1/embeddings",status="499"\} (\d+)', metrics)
