@@ -177,6 +177,48 @@ def test_work_dropped_between_the_stages_is_forgotten_when_the_encoder_idles(tmp
         row.close()
 
 
+def test_work_not_started_within_its_timeout_is_forgotten_while_the_encoder_works(tmp_path) -> None:
+    """Each admitted request goes on the tokenizers' log with the moment its timeout (its own, else the
+    queue's) drops it from the encoder's queue; the encoder takes what it starts off the log. What is
+    still there past that moment never started: forgotten, though the encoder never idles (under steady
+    load it did not, and dropped work kept everyone refused)."""
+    path = tmp_path / "board"
+    encoder = encoder_at_1000_tokens_per_s(path)
+    tokenizer = TokenizerRow(path, deadline_s=2.5)  # admits 2.0 s of work
+    now = time.monotonic()
+    encoder.started(now)  # busy with work of its own
+    assert tokenizer.admit(800, now=now, timeout_s=0.2) is None  # nothing queued: admitted
+    assert tokenizer.admit(700, now=now) is None  # the queue's timeout: 2.5 s
+    assert tokenizer.admit(600, now=now) is not None  # 2.1 s
+    assert tokenizer.queued(now + 0.2) == pytest.approx(1500)  # its timeout, and the hop: maybe still queued
+    assert tokenizer.queued(now + 0.3) == pytest.approx(700)  # past them, never started: dropped
+    assert tokenizer.admit(600, now=now + 0.3) is None  # 1.3 s
+    encoder.finished(0, 0.4, now=now + 0.4)
+    encoder.started(now + 0.4, [700, 600])  # what it starts leaves the log ...
+    assert tokenizer.queued(now + 3) == pytest.approx(1300)  # ... and counts until it is finished
+    encoder.finished(1300, 1.3, now=now + 3.1)
+    assert tokenizer.queued(now + 3.1) == 0
+    for row in (tokenizer, encoder):
+        row.close()
+
+
+def test_requests_leave_the_log_by_their_tokens_and_direct_calls_take_nothing_off_it(tmp_path) -> None:
+    path = tmp_path / "board"
+    encoder = encoder_at_1000_tokens_per_s(path)
+    tokenizer = TokenizerRow(path, deadline_s=2.5)
+    now = time.monotonic()
+    encoder.started(now)
+    assert tokenizer.admit_all([300, 300, 200], now=now, timeouts_s=[0.2, None, 0.2]) == [None] * 3
+    encoder.started(now + 0.1, [300, 999])  # one of the 300s (equal counts are one), and a direct call
+    assert sorted(encoder.log[encoder.log[:, 0] > 0, 0]) == [200, 300]
+    assert tokenizer.queued(now + 1) == pytest.approx(600)  # 300 running, 300 queued; the 200 dropped
+    assert tokenizer.admit_all([300, 50], now=now + 1) == [None, None]
+    encoder.started(now + 1.1, [300, 300, 300, 50])  # both 300s on the log and the 50; the third finds none
+    assert not encoder.log[:, 0].any()
+    for row in (tokenizer, encoder):
+        row.close()
+
+
 def test_the_tokenizer_stage_admits_everything_before_its_encoder_measured_a_rate(tmp_path) -> None:
     path = tmp_path / "board"
     encoder = encoder_at_1000_tokens_per_s(path, batches=MIN_ANSWERS - 1)

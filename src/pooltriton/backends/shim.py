@@ -82,16 +82,17 @@ class EncoderShim:
 
     def execute(self, requests: list) -> list:
         started = time.monotonic()
-        if self.board is not None:
-            self.board.started(started)
-        batch: list[dict[str, np.ndarray]] = []
+        tokens: list[int] = []
         try:
             batch = [{name: input_array(request, name) for name in self.input_names} for request in requests]
+            if self.board is not None:  # busy, and these requests off the tokenizers' log
+                tokens = [int(_lengths(feeds).sum()) for feeds in batch]
+                self.board.started(started, tokens)
             return self._execute(batch)
         finally:  # every request it was handed is off the queue, answered or not
             if self.board is not None:
                 now = time.monotonic()
-                self.board.finished(sum(int(_lengths(feeds).sum()) for feeds in batch), now - started, now)
+                self.board.finished(sum(tokens), now - started, now)
 
     def _execute(self, batch: list[dict[str, np.ndarray]]) -> list:
         responses = [self._too_long(feeds) for feeds in batch]

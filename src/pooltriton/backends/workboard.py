@@ -6,17 +6,22 @@ which still uses it); the launcher removes what a killed server left, with its o
 
 One row per stage instance, written only by the process that claimed it, so no locks: 8-byte aligned
 stores are atomic on x86-64 and ARM64, and a reader that sees one update half-done errs by one request.
-Queued work = tokens the tokenizers admitted - tokens the encoders finished. A request Triton drops
-between the stages (a full encoder queue, a cancellation, a queue timeout) is never finished; the
-tokenizers forget such work when every encoder has idled for longer than Triton's batcher can leave a
-queued request waiting (STALL_S), as then nothing admitted is still queued but what was sent in the last
-moments. Until then an idle encoder with nothing in transit to it takes one request whatever the
-estimate: dropped work must not keep a server with nothing to do refusing, and the request ends a stall.
-The tokenizer instances of one encoder admit as one: in turn, under the board's lock, with the work
-forgotten and the work in transit kept on the board's shared row (each instance forgetting on its own
-raced the others' admissions). An encoder busy with one batch for longer than the deadline is wedged or
-far slower than measured: nothing is refused then (the supervisor's canary must reach it to see the
-wedge and restart it).
+Queued work = tokens the tokenizers admitted - tokens the encoders finished - work forgotten. A request
+Triton drops between the stages (its own or the queue's timeout, a cancellation, a full encoder queue)
+is never finished, so the tokenizers keep a log of what they admitted and when each request's timeout
+would drop it at the encoder's queue; the encoder takes each request it starts off the log (by its token
+count: requests of equal counts are interchangeable here), and what is still on the log past its timeout
+never started: it is forgotten. Without that, clients whose timeouts expire under sustained load left
+their work counted until the encoder idled, and the server refused everyone meanwhile (measured: 264 of
+283 requests of well-behaved clients refused beside six clients with 0.2 s timeouts). A cancelled request
+keeps its queue's timeout (Triton 2.51 does not say); the tokenizers also forget all but the work sent in
+the last moments when every encoder has idled for longer than Triton's batcher can leave a queued
+request waiting (STALL_S). Until then an idle encoder with nothing in transit to it takes one request
+whatever the estimate: dropped work must not keep a server with nothing to do refusing, and the request
+ends a stall. The tokenizer instances of one encoder admit as one: in turn, under the board's lock, with
+the work forgotten, the log and the work in transit on the board's shared rows. An encoder busy with one
+batch for longer than the deadline is wedged or far slower than measured: nothing is refused then (the
+supervisor's canary must reach it to see the wedge and restart it).
 """
 
 from __future__ import annotations
@@ -52,6 +57,13 @@ STALL_S = 0.5 + IN_TRANSIT_S
 WINDOWS = 5
 FORGOTTEN, WINDOW_IDS, WINDOW_TOKENS = 0, 1, 1 + WINDOWS
 WINDOW_S = IN_TRANSIT_S / (WINDOWS - 1)
+# The log of admitted requests not yet started, after the shared row: one entry per request (its tokens, 0
+# when the entry is free; when it was admitted; when its timeout drops it if it has not started by then).
+# Room for what a queue of 128 and whatever was dropped within a timeout can hold; when it is full the
+# entry that expires first leaves it, still counted (until the encoders idle: the module's note).
+LOG = 2048
+TOKENS, ADMITTED, EXPIRES = range(3)
+ENTRY = 4  # fields per entry (one spare: 32 bytes)
 
 
 def stub_argv() -> list[str]:
@@ -93,6 +105,7 @@ class Board:
             self._map, self._inode = mmap.mmap(fd, SIZE), os.fstat(fd).st_ino
             board = np.ndarray((SLOTS + 1, FIELDS), dtype=np.float64, buffer=self._map)
             self.rows, self.shared = board[:SLOTS], board[SLOTS]
+            self.log = np.ndarray((LOG, ENTRY), dtype=np.float64, buffer=self._map, offset=ROWS_SIZE)
             self._clear_dead()
             # The row a left instance of this role had, with its total (the work it admitted or finished
             # stays counted); else a new one; else any left row afresh (its total leaves the count: the
@@ -103,7 +116,7 @@ class Board:
                     index = int(np.flatnonzero(candidates)[0])
                     break
             else:
-                del board, self.rows, self.shared  # (views of the map: it cannot close under them)
+                del board, self.rows, self.shared, self.log  # (views of the map: it cannot close under them)
                 self._map.close()
                 raise OSError(f"{path}: all {SLOTS} rows are taken")
             self.row = self.rows[index]
@@ -113,6 +126,15 @@ class Board:
             self.row[OWNER] = os.getpid()
         finally:
             _unlock(fd)
+        self._fd = os.open(path, os.O_RDWR)  # for the lock that admissions and starts take
+
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def _clear_dead(self) -> None:
         for row in self.rows:  # a dead instance's row: it no longer counts as working
@@ -122,6 +144,7 @@ class Board:
     def close(self) -> None:
         """Leave the board; the last stage out removes it (a server stopping: every stage finalizes), while
         a stage reloaded alone leaves it to the other, which still uses it."""
+        os.close(self._fd)
         fd = _locked(self.path, create=False)
         try:
             self.row[BUSY] = self.row[OWNER] = 0.0
@@ -132,11 +155,12 @@ class Board:
         finally:
             if fd is not None:
                 _unlock(fd)
-            del self.rows, self.row, self.shared
+            del self.rows, self.row, self.shared, self.log
             self._map.close()
 
 
-SIZE = (SLOTS + 1) * FIELDS * 8
+ROWS_SIZE = (SLOTS + 1) * FIELDS * 8
+SIZE = ROWS_SIZE + LOG * ENTRY * 8
 
 
 def _unlock(fd: int) -> None:
@@ -170,9 +194,22 @@ class EncoderRow(Board):
     def __init__(self, path: Path) -> None:
         super().__init__(path, ENCODER)
 
-    def started(self, now: float) -> None:
+    def started(self, now: float, requests: list[int] | None = None) -> None:
+        """A batch starts: `requests`, its requests' tokens, leave the tokenizers' log (the earliest admitted
+        entry of each count; none for work no tokenizer admitted, a direct call to the encoder)."""
         self.row[STARTED] = now
         self.row[BUSY] = 1.0
+        if requests:
+            with self._lock():
+                log = self.log
+                live = np.flatnonzero(log[:, TOKENS] > 0)
+                order = live[np.lexsort((log[live, ADMITTED], log[live, TOKENS]))]  # by count, then age
+                counts, wanted = log[order, TOKENS], np.sort(np.asarray(requests, dtype=np.float64))
+                # The n-th request of a count takes the n-th oldest entry of it, if there is one.
+                position = (np.searchsorted(counts, wanted, "left")
+                            + np.arange(len(wanted)) - np.searchsorted(wanted, wanted, "left"))
+                there = position < np.searchsorted(counts, wanted, "right")
+                log[order[position[there]], TOKENS] = 0.0
 
     def finished(self, tokens: int, seconds: float, now: float) -> None:
         row = self.row
@@ -193,24 +230,12 @@ class TokenizerRow(Board):
         super().__init__(path, TOKENIZER)
         self.deadline_s = deadline_s
         self.budget_s = deadline_s * share
-        self._fd = os.open(path, os.O_RDWR)  # for the lock each admission takes
         with self._lock():
             live = self._live(TOKENIZER)
             if not (live[:, OWNER] != self.row[OWNER]).any():
                 # The first tokenizer (or a reloaded one alone): the board's history is no work of its.
                 self.shared[FORGOTTEN] = self._outstanding()
-
-    @contextmanager
-    def _lock(self) -> Iterator[None]:
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    def close(self) -> None:
-        os.close(self._fd)
-        super().close()
+                self.log[:, TOKENS] = 0.0
 
     def _outstanding(self) -> float:
         rows = self.rows
@@ -251,10 +276,15 @@ class TokenizerRow(Board):
         """`queued`, under the lock, given the live encoders' rows and the work in transit as read now."""
         outstanding = self._outstanding()
         last_end = float(self.rows[self.rows[:, ROLE] == ENCODER, LAST_END].max(initial=0.0))
-        forgotten = float(self.shared[FORGOTTEN])
+        log = self.log
+        # Requests still on the log past their timeout never started: Triton dropped them.
+        expired = (log[:, TOKENS] > 0) & (log[:, EXPIRES] < now)
+        forgotten = float(self.shared[FORGOTTEN]) + float(log[expired, TOKENS].sum())
+        log[expired, TOKENS] = 0.0
         if not encoders[:, BUSY].any() and now - last_end > STALL_S:
             # Every encoder idle past a stall: nothing is queued but what the tokenizers just sent.
             forgotten = max(forgotten, outstanding - in_transit)
+            log[log[:, ADMITTED] < now - IN_TRANSIT_S, TOKENS] = 0.0
         # Never below nothing queued: finished work no tokenizer admitted (direct calls to the encoder)
         # would otherwise hide the next admissions.
         self.shared[FORGOTTEN] = forgotten = min(forgotten, outstanding)
@@ -265,14 +295,17 @@ class TokenizerRow(Board):
         encoders = self._live(ENCODER) if encoders is None else encoders
         return bool(((encoders[:, BUSY] > 0) & (now - encoders[:, STARTED] > self.deadline_s)).any())
 
-    def admit(self, tokens: int, now: float | None = None) -> Refusal | None:
-        """None: admitted (counted as queued until an encoder finishes it); else the refusal. With nothing
-        queued anything is admitted (a request longer than the deadline alone runs on an idle encoder)."""
-        return self.admit_all([tokens], now)[0]
+    def admit(self, tokens: int, now: float | None = None, timeout_s: float | None = None) -> Refusal | None:
+        """None: admitted (counted as queued until an encoder finishes it, or until its timeout, `timeout_s`
+        or the queue's, passes before an encoder started it); else the refusal. With nothing queued
+        anything is admitted (a request longer than the deadline alone runs on an idle encoder)."""
+        return self.admit_all([tokens], now, [timeout_s])[0]
 
-    def admit_all(self, requests: list[int], now: float | None = None) -> list[Refusal | None]:
-        """`admit` for a batch's requests in turn, the board read once (a batch of 30 short requests
-        otherwise read it 30 times: ~50 us each) and locked: the other tokenizer instances wait."""
+    def admit_all(self, requests: list[int], now: float | None = None,
+                  timeouts_s: list[float | None] | None = None) -> list[Refusal | None]:
+        """`admit` for a batch's requests in turn (`timeouts_s`: each one's own timeout, None for the
+        queue's), the board read once (a batch of 30 short requests otherwise read it 30 times: ~50 us
+        each) and locked: the other tokenizer instances wait."""
         now = time.monotonic() if now is None else now
         with self._lock():
             encoders, in_transit = self._live(ENCODER), self._in_transit(now)  # read once per batch
@@ -283,17 +316,31 @@ class TokenizerRow(Board):
             # An idle encoder with nothing on its way takes the first request (the module's note).
             free = not encoders[:, BUSY].any() and in_transit == 0
             answers: list[Refusal | None] = []
-            admitted = 0.0
-            for tokens in requests:
+            entries: list[tuple[float, float]] = []  # (tokens, expires) of the admitted
+            for tokens, timeout_s in zip(requests, timeouts_s or [None] * len(requests), strict=True):
                 refusal = (refuse(queued, tokens, rate, self.budget_s)
                            if rate is not None and queued > 0 and not free else None)
                 if refusal is None:
                     queued += tokens
-                    admitted += tokens
+                    # Its timeout runs from its arrival at the encoder's queue, moments after now.
+                    entries.append((tokens, now + (timeout_s or self.deadline_s) + IN_TRANSIT_S))
                     free = False
                 answers.append(refusal)
-            if admitted:
+            if entries:
+                admitted = float(sum(tokens for tokens, _ in entries))
                 self.row[TOTAL] += admitted
                 self.row[LAST_END] = now
                 self._sent(admitted, now)
+                self._log(entries, now)
         return answers
+
+    def _log(self, entries: list[tuple[float, float]], now: float) -> None:
+        """Write the admitted requests on the log; when it is full, the entries expiring first leave it."""
+        log = self.log
+        free = np.flatnonzero(log[:, TOKENS] == 0)
+        if free.size < len(entries):
+            taken = np.flatnonzero(log[:, TOKENS] > 0)
+            free = np.concatenate([free, taken[np.argsort(log[taken, EXPIRES])][:len(entries) - free.size]])
+        rows, values = free[:len(entries)], np.asarray(entries, dtype=np.float64)
+        log[rows, ADMITTED], log[rows, EXPIRES] = now, values[:, 1]
+        log[rows, TOKENS] = values[:, 0]
