@@ -121,6 +121,41 @@ def test_a_client_deadline_goes_to_triton_and_bounds_the_retries(protocol: str) 
     assert len(calls) == 3 and all(call.get("timeout") is None and "client_timeout" not in call for call in calls)
 
 
+class _Hanging:
+    """A server that never answers a metadata read; tritonclient's gRPC client gives up at its
+    client_timeout, its HTTP client never does."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    async def get_model_config(self, *_args, **keywords):
+        self.calls.append(keywords)
+        if "client_timeout" in keywords:
+            await asyncio.sleep(keywords["client_timeout"])
+            raise InferenceServerException("Deadline Exceeded", status="StatusCode.DEADLINE_EXCEEDED")
+        await asyncio.Event().wait()
+
+    get_model_repository_index = get_model_config
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_client_deadline_bounds_its_metadata_reads(protocol: str) -> None:
+    """A model's config and the repository index are read within timeout_s too: a server that accepts
+    the connection and never answers gets DEADLINE_EXCEEDED, not a client waiting for ever."""
+    async def run() -> list[dict]:
+        transport = TritonTransport("localhost:1", protocol, timeout_s=0.05)
+        await transport.server.close()
+        transport.server = _Hanging()
+        for read in (lambda: transport.model_config("m"), lambda: transport.repository_index(None)):
+            with pytest.raises(InferenceServerException) as raised:
+                await read()
+            assert raised.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+        return transport.server.calls
+
+    calls = asyncio.run(run())
+    assert len(calls) == 2 and all(("client_timeout" in call) == (protocol == "grpc") for call in calls)
+
+
 @pytest.mark.parametrize(("command", "message"), [
     (["classify", "--model", "rampart", "x"], "serves task 'token_classify', not 'classify'"),
     (["embed", "word " * 300], "limit of 256 tokens"),

@@ -15,7 +15,7 @@ import contextlib
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -104,11 +104,12 @@ class Transport(Protocol):
 class TritonTransport:
     """tritonclient's aio client (HTTP or gRPC); every call retried on UNAVAILABLE (`retry_delay`).
 
-    `timeout_s`: each inference's deadline, retries included (metadata reads are not bounded). It goes to
-    Triton too, as the request's own timeout: Triton 2.51 does not pass a client's cancellation on to a
-    request already queued at a stage (it is computed for nobody), but each stage's queue drops a request
-    that waited there longer than its timeout ("Request timeout expired", UNAVAILABLE: retried only while
-    time is left). Past the deadline: DEADLINE_EXCEEDED."""
+    `timeout_s`: each call's deadline, retries included (an inference, and each metadata read: a model's
+    config, the repository index). An inference sends it to Triton too, as the request's own timeout:
+    Triton 2.51 does not pass a client's cancellation on to a request already queued at a stage (it is
+    computed for nobody), but each stage's queue drops a request that waited there longer than its
+    timeout ("Request timeout expired", UNAVAILABLE: retried only while time is left), and the stages'
+    admission by work stops counting it then. Past the deadline: DEADLINE_EXCEEDED."""
 
     def __init__(self, url: str | None = None, protocol: str = "grpc", retries: int = RETRIES,
                  timeout_s: float | None = None) -> None:
@@ -158,11 +159,36 @@ class TritonTransport:
             return ConnectionError(f"{type(error).__name__}: {error}")
         return None
 
+    async def _bounded(self, send: Callable[[dict[str, Any]], Awaitable[Any]], to_triton: bool = False) -> Any:
+        """`send(options)` retried within `timeout_s`: the time left goes to gRPC as the call's deadline
+        and, `to_triton`, to Triton as the request's own timeout; HTTP calls are awaited within it."""
+        if self.timeout_s is None:
+            return await self.retry(lambda: send({}))
+        deadline = time.monotonic() + self.timeout_s
+
+        async def call() -> Any:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._past_deadline()
+            options: dict[str, Any] = {}
+            if to_triton:  # in microseconds; each stage's queue applies it from the request's arrival
+                options["timeout"] = max(int(left * 1e6), 1)
+            if self.protocol == "grpc":  # past it: DEADLINE_EXCEEDED from tritonclient itself
+                options["client_timeout"] = left
+                return await send(options)
+            try:  # tritonclient's HTTP client has no deadline of its own per call
+                return await asyncio.wait_for(send(options), left)
+            except asyncio.TimeoutError:
+                raise self._past_deadline() from None
+
+        return await self.retry(call, deadline)
+
     async def repository_index(self, headers: dict[str, str] | None) -> list[dict]:
         if self.protocol == "grpc":
-            index = await self.retry(lambda: self.server.get_model_repository_index(headers=headers, as_json=True))
+            index = await self._bounded(lambda options: self.server.get_model_repository_index(
+                headers=headers, as_json=True, **options))
             return index.get("models", [])
-        return await self.retry(lambda: self.server.get_model_repository_index(headers=headers))
+        return await self._bounded(lambda options: self.server.get_model_repository_index(headers=headers))
 
     async def infer(self, request: TritonRequest) -> dict[str, np.ndarray]:
         tensors = []
@@ -171,34 +197,16 @@ class TritonTransport:
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
         requested = [self._module.InferRequestedOutput(name) for name in request.outputs]
-        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
-
-        async def call() -> Any:
-            options: dict[str, Any] = {}
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise self._past_deadline()
-                # Triton's timeout is in microseconds; each stage's queue applies it from the request's arrival.
-                options["timeout"] = max(int(left * 1e6), 1)
-                if self.protocol == "grpc":  # past it: DEADLINE_EXCEEDED from tritonclient itself
-                    options["client_timeout"] = left
-            sent = self.server.infer(request.model, tensors, outputs=requested,
-                                     parameters=request.parameters or None, priority=request.priority, **options)
-            if deadline is None or self.protocol == "grpc":
-                return await sent
-            try:  # tritonclient's HTTP client has no deadline of its own per call
-                return await asyncio.wait_for(sent, left)
-            except asyncio.TimeoutError:
-                raise self._past_deadline() from None
-
-        result = await self.retry(call, deadline)
+        result = await self._bounded(lambda options: self.server.infer(
+            request.model, tensors, outputs=requested, parameters=request.parameters or None,
+            priority=request.priority, **options), to_triton=True)
         return {name: result.as_numpy(name) for name in request.outputs}
 
     async def model_config(self, name: str) -> dict:
         if self.protocol == "grpc":
-            return (await self.retry(lambda: self.server.get_model_config(name, as_json=True)))["config"]
-        return await self.retry(lambda: self.server.get_model_config(name))
+            return (await self._bounded(lambda options: self.server.get_model_config(
+                name, as_json=True, **options)))["config"]
+        return await self._bounded(lambda options: self.server.get_model_config(name))
 
     async def close(self) -> None:
         await self.server.close()
