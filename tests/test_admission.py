@@ -194,7 +194,8 @@ def test_work_not_started_within_its_timeout_is_forgotten_while_the_encoder_work
     assert tokenizer.queued(now + 0.3) == pytest.approx(700)  # past them, never started: dropped
     assert tokenizer.admit(600, now=now + 0.3) is None  # 1.3 s
     encoder.finished(0, 0.4, now=now + 0.4)
-    encoder.started(now + 0.4, [700, 600])  # what it starts leaves the log ...
+    encoder.started(now + 0.4)
+    encoder.took([700, 600])  # what it starts leaves the log ...
     assert tokenizer.queued(now + 3) == pytest.approx(1300)  # ... and counts until it is finished
     encoder.finished(1300, 1.3, now=now + 3.1)
     assert tokenizer.queued(now + 3.1) == 0
@@ -202,19 +203,68 @@ def test_work_not_started_within_its_timeout_is_forgotten_while_the_encoder_work
         row.close()
 
 
-def test_requests_leave_the_log_by_their_tokens_and_direct_calls_take_nothing_off_it(tmp_path) -> None:
+def test_requests_leave_the_log_by_their_tokens_and_what_has_no_entry_counts_while_it_runs(tmp_path) -> None:
     path = tmp_path / "board"
     encoder = encoder_at_1000_tokens_per_s(path)
     tokenizer = TokenizerRow(path, deadline_s=2.5)
     now = time.monotonic()
     encoder.started(now)
     assert tokenizer.admit_all([300, 300, 200], now=now, timeouts_s=[0.2, None, 0.2]) == [None] * 3
-    encoder.started(now + 0.1, [300, 999])  # one of the 300s (equal counts are one), and a direct call
+    encoder.finished(0, 0.1, now=now + 0.1)
+    encoder.started(now + 0.1)
+    encoder.took([300, 999])  # one of the 300s; 999: a direct call, no entry
     assert sorted(encoder.log[encoder.log[:, 0] > 0, 0]) == [200, 300]
-    assert tokenizer.queued(now + 1) == pytest.approx(600)  # 300 running, 300 queued; the 200 dropped
-    assert tokenizer.admit_all([300, 50], now=now + 1) == [None, None]
-    encoder.started(now + 1.1, [300, 300, 300, 50])  # both 300s on the log and the 50; the third finds none
+    assert tokenizer.queued(now + 1) == pytest.approx(300 + 999 + 300)  # both running, a 300 queued; 200 dropped
+    encoder.finished(1299, 1.3, now=now + 1.4)
+    assert tokenizer.queued(now + 1.4) == pytest.approx(300)  # the direct call was neutral
+    assert tokenizer.admit_all([300, 50], now=now + 1.4) == [None, None]
+    encoder.started(now + 1.5)
+    encoder.took([300, 300, 300, 50])  # both 300s on the log and the 50; the third has none: it counts
     assert not encoder.log[:, 0].any()
+    assert tokenizer.queued(now + 1.6) == pytest.approx(950)
+    encoder.finished(950, 1.0, now=now + 2.5)
+    assert tokenizer.queued(now + 2.5) == 0
+    for row in (tokenizer, encoder):
+        row.close()
+
+
+def test_of_equal_counts_the_entry_expiring_first_leaves_so_errors_only_overcount(tmp_path) -> None:
+    """Which of two requests of equal tokens started is unknown (priorities, two tokenizers): taking the
+    entry that expires first never forgets work that still runs or waits; the other way round, a request
+    still queued would have been forgotten with the short timeout of the one that ran."""
+    path = tmp_path / "board"
+    encoder = encoder_at_1000_tokens_per_s(path)
+    tokenizer = TokenizerRow(path, deadline_s=2.5)
+    now = time.monotonic()
+    encoder.started(now)
+    assert tokenizer.admit(400, now=now) is None  # the queue's timeout: on the log until now + 2.55
+    assert tokenizer.admit(400, now=now + 0.1, timeout_s=0.2) is None  # until now + 0.35
+    encoder.finished(0, 0.2, now=now + 0.2)
+    encoder.started(now + 0.2)
+    encoder.took([400])
+    assert tokenizer.queued(now + 1) == pytest.approx(800)  # one running, the other maybe still queued
+    encoder.finished(400, 0.4, now=now + 1.5)
+    encoder.started(now + 1.5)  # busy: no idle rule
+    assert tokenizer.queued(now + 1.6) == pytest.approx(400)
+    assert tokenizer.queued(now + 2.6) == 0  # its timeout passed too
+    for row in (tokenizer, encoder):
+        row.close()
+
+
+def test_a_request_that_starts_after_its_entry_expired_counts_until_it_finishes(tmp_path) -> None:
+    path = tmp_path / "board"
+    encoder = encoder_at_1000_tokens_per_s(path)
+    tokenizer = TokenizerRow(path, deadline_s=2.5)
+    now = time.monotonic()
+    encoder.started(now)
+    assert tokenizer.admit(400, now=now, timeout_s=0.2) is None
+    assert tokenizer.queued(now + 0.3) == 0  # forgotten: past its timeout and the hop
+    encoder.finished(0, 0.3, now=now + 0.3)
+    encoder.started(now + 0.3)
+    encoder.took([400])  # Triton had taken it just in time
+    assert tokenizer.queued(now + 0.4) == pytest.approx(400)
+    encoder.finished(400, 0.4, now=now + 0.7)
+    assert tokenizer.queued(now + 0.7) == 0  # not below nothing: counted once
     for row in (tokenizer, encoder):
         row.close()
 

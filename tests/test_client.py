@@ -148,7 +148,7 @@ def test_a_client_deadline_bounds_its_metadata_reads(protocol: str) -> None:
         transport.server = _Hanging()
         for read in (lambda: transport.model_config("m"), lambda: transport.repository_index(None)):
             with pytest.raises(InferenceServerException) as raised:
-                await read()
+                await asyncio.wait_for(read(), 10)  # (a regression fails here instead of hanging)
             assert raised.value.status() == "StatusCode.DEADLINE_EXCEEDED"
         return transport.server.calls
 

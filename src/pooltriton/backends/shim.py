@@ -82,12 +82,14 @@ class EncoderShim:
 
     def execute(self, requests: list) -> list:
         started = time.monotonic()
+        if self.board is not None:
+            self.board.started(started)
         tokens: list[int] = []
         try:
             batch = [{name: input_array(request, name) for name in self.input_names} for request in requests]
-            if self.board is not None:  # busy, and these requests off the tokenizers' log
+            if self.board is not None:  # these requests off the tokenizers' log
                 tokens = [int(_lengths(feeds).sum()) for feeds in batch]
-                self.board.started(started, tokens)
+                self.board.took(tokens)
             return self._execute(batch)
         finally:  # every request it was handed is off the queue, answered or not
             if self.board is not None:

@@ -4,14 +4,18 @@ clears them, and they share this board, a few numbers in a file under /dev/shm n
 shared-memory prefix. The last stage to leave removes it (a stage reloaded alone leaves it to the other,
 which still uses it); the launcher removes what a killed server left, with its other regions.
 
-One row per stage instance, written only by the process that claimed it, so no locks: 8-byte aligned
-stores are atomic on x86-64 and ARM64, and a reader that sees one update half-done errs by one request.
+One row per stage instance, written only by the process that claimed it, so the rows need no lock:
+8-byte aligned stores are atomic on x86-64 and ARM64, and a reader that sees one update half-done errs
+by one request (the shared rows below are written under the board's lock).
 Queued work = tokens the tokenizers admitted - tokens the encoders finished - work forgotten. A request
 Triton drops between the stages (its own or the queue's timeout, a cancellation, a full encoder queue)
 is never finished, so the tokenizers keep a log of what they admitted and when each request's timeout
-would drop it at the encoder's queue; the encoder takes each request it starts off the log (by its token
-count: requests of equal counts are interchangeable here), and what is still on the log past its timeout
-never started: it is forgotten. Without that, clients whose timeouts expire under sustained load left
+would drop it at the encoder's queue (the shorter of its own and the queue's, as Triton's queue policy
+applies them); the encoder takes each request it starts off the log (by its token count: of equal
+counts, the entry that expires first, so an error counts work too long, never too short), and what is
+still on the log past its timeout never started: it is forgotten. A request that starts with no entry
+of its count left (forgotten a moment early, or never admitted: a direct call) counts again until it
+finishes. Without that, clients whose timeouts expire under sustained load left
 their work counted until the encoder idled, and the server refused everyone meanwhile (measured: 264 of
 283 requests of well-behaved clients refused beside six clients with 0.2 s timeouts). A cancelled request
 keeps its queue's timeout (Triton 2.51 does not say); the tokenizers also forget all but the work sent in
@@ -124,9 +128,9 @@ class Board:
             self.row[:] = 0.0
             self.row[ROLE], self.row[TOTAL], self.row[BORN] = role, total, _born(os.getpid())
             self.row[OWNER] = os.getpid()
+            self._fd = os.open(path, os.O_RDWR)  # (the locked file's) for the lock admissions and starts take
         finally:
             _unlock(fd)
-        self._fd = os.open(path, os.O_RDWR)  # for the lock that admissions and starts take
 
     @contextmanager
     def _lock(self) -> Iterator[None]:
@@ -194,22 +198,28 @@ class EncoderRow(Board):
     def __init__(self, path: Path) -> None:
         super().__init__(path, ENCODER)
 
-    def started(self, now: float, requests: list[int] | None = None) -> None:
-        """A batch starts: `requests`, its requests' tokens, leave the tokenizers' log (the earliest admitted
-        entry of each count; none for work no tokenizer admitted, a direct call to the encoder)."""
+    def started(self, now: float) -> None:
         self.row[STARTED] = now
         self.row[BUSY] = 1.0
-        if requests:
-            with self._lock():
-                log = self.log
-                live = np.flatnonzero(log[:, TOKENS] > 0)
-                order = live[np.lexsort((log[live, ADMITTED], log[live, TOKENS]))]  # by count, then age
-                counts, wanted = log[order, TOKENS], np.sort(np.asarray(requests, dtype=np.float64))
-                # The n-th request of a count takes the n-th oldest entry of it, if there is one.
-                position = (np.searchsorted(counts, wanted, "left")
-                            + np.arange(len(wanted)) - np.searchsorted(wanted, wanted, "left"))
-                there = position < np.searchsorted(counts, wanted, "right")
-                log[order[position[there]], TOKENS] = 0.0
+
+    def took(self, requests: list[int]) -> None:
+        """The started batch's requests (their tokens) leave the tokenizers' log: of each count, the entries
+        that expire first. One with no entry of its count left counts again until it finishes: its entry
+        was forgotten (expired a moment before it started, or taken by an equal one that had expired) or
+        there was none (a direct call, which is then neutral)."""
+        if not requests:
+            return
+        with self._lock():
+            log = self.log
+            live = np.flatnonzero(log[:, TOKENS] > 0)
+            order = live[np.lexsort((log[live, EXPIRES], log[live, TOKENS]))]  # by count, then expiry
+            counts, wanted = log[order, TOKENS], np.sort(np.asarray(requests, dtype=np.float64))
+            # The n-th request of a count takes the n-th entry of it, if there is one.
+            position = (np.searchsorted(counts, wanted, "left")
+                        + np.arange(len(wanted)) - np.searchsorted(wanted, wanted, "left"))
+            there = position < np.searchsorted(counts, wanted, "right")
+            log[order[position[there]], TOKENS] = 0.0
+            self.shared[FORGOTTEN] -= float(wanted[~there].sum())
 
     def finished(self, tokens: int, seconds: float, now: float) -> None:
         row = self.row
@@ -254,6 +264,11 @@ class TokenizerRow(Board):
         rate = float((measured[:, RATE_TOKENS] / measured[:, RATE_BUSY]).sum())
         return rate if rate > 0 else None
 
+    @staticmethod
+    def _transit_start(now: float) -> float:
+        """When the oldest window `_in_transit` counts began."""
+        return (math.floor(now / WINDOW_S) - WINDOWS + 1) * WINDOW_S
+
     def _in_transit(self, now: float) -> float:
         """Tokens the tokenizers admitted in the last IN_TRANSIT_S (up to one window more)."""
         current = math.floor(now / WINDOW_S)
@@ -284,7 +299,7 @@ class TokenizerRow(Board):
         if not encoders[:, BUSY].any() and now - last_end > STALL_S:
             # Every encoder idle past a stall: nothing is queued but what the tokenizers just sent.
             forgotten = max(forgotten, outstanding - in_transit)
-            log[log[:, ADMITTED] < now - IN_TRANSIT_S, TOKENS] = 0.0
+            log[log[:, ADMITTED] < self._transit_start(now), TOKENS] = 0.0
         # Never below nothing queued: finished work no tokenizer admitted (direct calls to the encoder)
         # would otherwise hide the next admissions.
         self.shared[FORGOTTEN] = forgotten = min(forgotten, outstanding)
@@ -322,16 +337,18 @@ class TokenizerRow(Board):
                            if rate is not None and queued > 0 and not free else None)
                 if refusal is None:
                     queued += tokens
-                    # Its timeout runs from its arrival at the encoder's queue, moments after now.
-                    entries.append((tokens, now + (timeout_s or self.deadline_s) + IN_TRANSIT_S))
+                    # Its timeout runs from its arrival at the encoder's queue, moments after now; the
+                    # queue applies the shorter of the request's own and its default (allow_timeout_override).
+                    timeout = min(timeout_s, self.deadline_s) if timeout_s else self.deadline_s
+                    entries.append((tokens, now + timeout + IN_TRANSIT_S))
                     free = False
                 answers.append(refusal)
             if entries:
+                self._log(entries, now)
                 admitted = float(sum(tokens for tokens, _ in entries))
                 self.row[TOTAL] += admitted
                 self.row[LAST_END] = now
                 self._sent(admitted, now)
-                self._log(entries, now)
         return answers
 
     def _log(self, entries: list[tuple[float, float]], now: float) -> None:
