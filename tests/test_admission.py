@@ -212,7 +212,7 @@ def test_requests_leave_the_log_by_their_tokens_and_what_has_no_entry_counts_whi
     assert tokenizer.admit_all([300, 300, 200], now=now, timeouts_s=[0.2, None, 0.2]) == [None] * 3
     encoder.finished(0, 0.1, now=now + 0.1)
     encoder.started(now + 0.1)
-    encoder.took([300, 999])  # one of the 300s; 999: a direct call, no entry
+    encoder.took([300, 999], [0.2, None])  # the 300 of that timeout; 999: a direct call, no entry
     assert sorted(encoder.log[encoder.log[:, 0] > 0, 0]) == [200, 300]
     assert tokenizer.queued(now + 1) == pytest.approx(300 + 999 + 300)  # both running, a 300 queued; 200 dropped
     encoder.finished(1299, 1.3, now=now + 1.4)
@@ -228,10 +228,10 @@ def test_requests_leave_the_log_by_their_tokens_and_what_has_no_entry_counts_whi
         row.close()
 
 
-def test_of_equal_counts_the_entry_expiring_first_leaves_so_errors_only_overcount(tmp_path) -> None:
-    """Which of two requests of equal tokens started is unknown (priorities, two tokenizers): taking the
-    entry that expires first never forgets work that still runs or waits; the other way round, a request
-    still queued would have been forgotten with the short timeout of the one that ran."""
+def test_of_equal_tokens_the_entry_of_the_same_own_timeout_leaves(tmp_path) -> None:
+    """The encoder sees each request's own timeout too: of two requests of equal tokens, the one that
+    started leaves the log, not the other (a request still queued would have been forgotten with the
+    short timeout of one that ran, or one dropped counted for the long timeout of one that ran)."""
     path = tmp_path / "board"
     encoder = encoder_at_1000_tokens_per_s(path)
     tokenizer = TokenizerRow(path, deadline_s=2.5)
@@ -241,12 +241,12 @@ def test_of_equal_counts_the_entry_expiring_first_leaves_so_errors_only_overcoun
     assert tokenizer.admit(400, now=now + 0.1, timeout_s=0.2) is None  # until now + 0.35
     encoder.finished(0, 0.2, now=now + 0.2)
     encoder.started(now + 0.2)
-    encoder.took([400])
-    assert tokenizer.queued(now + 1) == pytest.approx(800)  # one running, the other maybe still queued
+    encoder.took([400], [0.2])  # the later one, overtaking (priority)
+    assert tokenizer.queued(now + 1) == pytest.approx(800)  # it runs, the first waits
     encoder.finished(400, 0.4, now=now + 1.5)
     encoder.started(now + 1.5)  # busy: no idle rule
     assert tokenizer.queued(now + 1.6) == pytest.approx(400)
-    assert tokenizer.queued(now + 2.6) == 0  # its timeout passed too
+    assert tokenizer.queued(now + 2.6) == 0  # the queue's timeout passed: it was dropped
     for row in (tokenizer, encoder):
         row.close()
 
@@ -261,7 +261,7 @@ def test_a_request_that_starts_after_its_entry_expired_counts_until_it_finishes(
     assert tokenizer.queued(now + 0.3) == 0  # forgotten: past its timeout and the hop
     encoder.finished(0, 0.3, now=now + 0.3)
     encoder.started(now + 0.3)
-    encoder.took([400])  # Triton had taken it just in time
+    encoder.took([400], [0.2])  # Triton had taken it just in time
     assert tokenizer.queued(now + 0.4) == pytest.approx(400)
     encoder.finished(400, 0.4, now=now + 0.7)
     assert tokenizer.queued(now + 0.7) == 0  # not below nothing: counted once

@@ -13,6 +13,7 @@ a client with a deadline sends it too.
 from __future__ import annotations
 
 import asyncio
+import glob
 import re
 import time
 
@@ -194,6 +195,18 @@ def test_work_triton_dropped_by_its_timeout_no_longer_counts_against_other_clien
     assert len(steady) >= STEADY
     for vectors in steady:
         np.testing.assert_allclose(vectors, reference, atol=1e-5)
+    # Every request the encoder started left the log by its tokens (the stages count them alike), and
+    # the settling text's admission swept out the dropped ones: nothing is left on it.
+    _settled(server, grpc_client)
+    assert not _logged(server).any()
+
+
+def _logged(server) -> np.ndarray:
+    """The tokens of each entry on minilm's admission log (backends.workboard), 0 where free."""
+    from pooltriton.backends.workboard import ENTRY, LOG, ROWS_SIZE, TOKENS
+
+    (path,) = glob.glob(f"/dev/shm/{server.shm_prefix}work*_minilm_encoder")
+    return np.fromfile(path, dtype=np.float64, offset=ROWS_SIZE).reshape(LOG, ENTRY)[:, TOKENS]
 
 
 def test_gateway_cancels_the_triton_calls_of_disconnected_clients(server, grpc_client, minilm_st) -> None:

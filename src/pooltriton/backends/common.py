@@ -54,6 +54,12 @@ def queue_timeout_s(config: dict[str, Any]) -> float:
     return int(policy.get("default_timeout_microseconds", 0)) / 1e6  # JSON writes 64-bit ints as text
 
 
+def request_timeout_s(request: Any) -> float | None:
+    """The request's own timeout (the client's; an ensemble passes it on to each step), None if it set none."""
+    microseconds = request.timeout() if hasattr(request, "timeout") else 0
+    return microseconds / 1e6 if microseconds else None
+
+
 def request_parameters(request: Any) -> dict[str, Any]:
     """KServe request parameters (e.g. {"truncate": "END"}); they reach every model of an ensemble."""
     raw = request.parameters()

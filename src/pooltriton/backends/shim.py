@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from pooltriton.backends.common import Counters, ModelArgs, error_response, input_array
+from pooltriton.backends.common import Counters, ModelArgs, error_response, input_array, request_timeout_s
 from pooltriton.backends.ragged import TOKEN_BUDGET, MemoryModel, RaggedStats, memory_budget, run_ragged
 from pooltriton.backends.workboard import EncoderRow, board_path, stub_argv
 from pooltriton.contract import INPUT_IDS
@@ -89,7 +89,7 @@ class EncoderShim:
             batch = [{name: input_array(request, name) for name in self.input_names} for request in requests]
             if self.board is not None:  # these requests off the tokenizers' log
                 tokens = [int(_lengths(feeds).sum()) for feeds in batch]
-                self.board.took(tokens)
+                self.board.took(tokens, [request_timeout_s(request) for request in requests])
             return self._execute(batch)
         finally:  # every request it was handed is off the queue, answered or not
             if self.board is not None:

@@ -11,16 +11,17 @@ Queued work = tokens the tokenizers admitted - tokens the encoders finished - wo
 Triton drops between the stages (its own or the queue's timeout, a cancellation, a full encoder queue)
 is never finished, so the tokenizers keep a log of what they admitted and when each request's timeout
 would drop it at the encoder's queue (the shorter of its own and the queue's, as Triton's queue policy
-applies them); the encoder takes each request it starts off the log (by its token count: of equal
-counts, the entry that expires first, so an error counts work too long, never too short), and what is
-still on the log past its timeout never started: it is forgotten. A request that starts with no entry
-of its count left (forgotten a moment early, or never admitted: a direct call) counts again until it
-finishes. Without that, clients whose timeouts expire under sustained load left
-their work counted until the encoder idled, and the server refused everyone meanwhile (measured: 264 of
-283 requests of well-behaved clients refused beside six clients with 0.2 s timeouts). A cancelled request
-keeps its queue's timeout (Triton 2.51 does not say); the tokenizers also forget all but the work sent in
-the last moments when every encoder has idled for longer than Triton's batcher can leave a queued
-request waiting (STALL_S). Until then an idle encoder with nothing in transit to it takes one request
+applies them); the encoder takes each request it starts off the log by its token count and its own
+timeout (both stages see those; of equal ones, the earliest admitted: Triton's queue is first come,
+first served within a priority), and what is still on the log past its timeout never started: it is
+forgotten. A request that starts with no such entry left (forgotten a moment early, taken by an equal
+one that overtook it, or never admitted: a direct call) counts again until it finishes. Without the
+log, clients whose timeouts expire under sustained load left their work counted until the encoder
+idled, and the server refused everyone meanwhile (measured: 264 of 283 requests of well-behaved clients
+refused beside six clients with 0.2 s timeouts). A cancelled request keeps its timeout (Triton 2.51
+tells the stages nothing of it); the tokenizers also forget all but the work sent in the last moments
+when every encoder has idled for longer than Triton's batcher can leave a queued request waiting
+(STALL_S). Until then an idle encoder with nothing in transit to it takes one request
 whatever the estimate: dropped work must not keep a server with nothing to do refusing, and the request
 ends a stall. The tokenizer instances of one encoder admit as one: in turn, under the board's lock, with
 the work forgotten, the log and the work in transit on the board's shared rows. An encoder busy with one
@@ -62,12 +63,13 @@ WINDOWS = 5
 FORGOTTEN, WINDOW_IDS, WINDOW_TOKENS = 0, 1, 1 + WINDOWS
 WINDOW_S = IN_TRANSIT_S / (WINDOWS - 1)
 # The log of admitted requests not yet started, after the shared row: one entry per request (its tokens, 0
-# when the entry is free; when it was admitted; when its timeout drops it if it has not started by then).
+# when the entry is free; when it was admitted; when its timeout drops it if it has not started by then;
+# its own timeout in microseconds, 0 for none, which the encoder matches with the tokens).
 # Room for what a queue of 128 and whatever was dropped within a timeout can hold; when it is full the
 # entry that expires first leaves it, still counted (until the encoders idle: the module's note).
 LOG = 2048
-TOKENS, ADMITTED, EXPIRES = range(3)
-ENTRY = 4  # fields per entry (one spare: 32 bytes)
+TOKENS, ADMITTED, EXPIRES, TIMEOUT = range(4)
+ENTRY = 4  # fields per entry (32 bytes)
 
 
 def stub_argv() -> list[str]:
@@ -163,6 +165,11 @@ class Board:
             self._map.close()
 
 
+def _keys(tokens: np.ndarray, timeouts_us: np.ndarray) -> np.ndarray:
+    """One sortable key per (tokens, own timeout): the tokens above 32 bits, the microseconds below."""
+    return (tokens.astype(np.int64) << 32) | np.minimum(timeouts_us.astype(np.int64), 2**32 - 1)
+
+
 ROWS_SIZE = (SLOTS + 1) * FIELDS * 8
 SIZE = ROWS_SIZE + LOG * ENTRY * 8
 
@@ -202,24 +209,26 @@ class EncoderRow(Board):
         self.row[STARTED] = now
         self.row[BUSY] = 1.0
 
-    def took(self, requests: list[int]) -> None:
-        """The started batch's requests (their tokens) leave the tokenizers' log: of each count, the entries
-        that expire first. One with no entry of its count left counts again until it finishes: its entry
-        was forgotten (expired a moment before it started, or taken by an equal one that had expired) or
-        there was none (a direct call, which is then neutral)."""
+    def took(self, requests: list[int], timeouts_s: list[float | None] | None = None) -> None:
+        """The started batch's requests (their tokens, their own timeouts) leave the tokenizers' log: of
+        each (tokens, timeout), the earliest admitted entries. One with no such entry left counts again
+        until it finishes: its entry was forgotten (expired a moment before it started, or taken by an
+        equal one that overtook it and had expired) or there was none (a direct call, then neutral)."""
         if not requests:
             return
+        timeouts = [round((t or 0.0) * 1e6) for t in (timeouts_s or [None] * len(requests))]
         with self._lock():
             log = self.log
             live = np.flatnonzero(log[:, TOKENS] > 0)
-            order = live[np.lexsort((log[live, EXPIRES], log[live, TOKENS]))]  # by count, then expiry
-            counts, wanted = log[order, TOKENS], np.sort(np.asarray(requests, dtype=np.float64))
-            # The n-th request of a count takes the n-th entry of it, if there is one.
-            position = (np.searchsorted(counts, wanted, "left")
+            order = live[np.lexsort((log[live, ADMITTED], _keys(log[live, TOKENS], log[live, TIMEOUT])))]
+            keys = _keys(log[order, TOKENS], log[order, TIMEOUT])
+            wanted = np.sort(_keys(np.asarray(requests, dtype=np.float64), np.asarray(timeouts, dtype=np.float64)))
+            # The n-th request of a key takes the n-th entry of it, if there is one.
+            position = (np.searchsorted(keys, wanted, "left")
                         + np.arange(len(wanted)) - np.searchsorted(wanted, wanted, "left"))
-            there = position < np.searchsorted(counts, wanted, "right")
+            there = position < np.searchsorted(keys, wanted, "right")
             log[order[position[there]], TOKENS] = 0.0
-            self.shared[FORGOTTEN] -= float(wanted[~there].sum())
+            self.shared[FORGOTTEN] -= float((wanted[~there] >> 32).sum())
 
     def finished(self, tokens: int, seconds: float, now: float) -> None:
         row = self.row
@@ -331,7 +340,7 @@ class TokenizerRow(Board):
             # An idle encoder with nothing on its way takes the first request (the module's note).
             free = not encoders[:, BUSY].any() and in_transit == 0
             answers: list[Refusal | None] = []
-            entries: list[tuple[float, float]] = []  # (tokens, expires) of the admitted
+            entries: list[tuple[float, float, float]] = []  # (tokens, expires, own timeout in us) of the admitted
             for tokens, timeout_s in zip(requests, timeouts_s or [None] * len(requests), strict=True):
                 refusal = (refuse(queued, tokens, rate, self.budget_s)
                            if rate is not None and queued > 0 and not free else None)
@@ -340,18 +349,18 @@ class TokenizerRow(Board):
                     # Its timeout runs from its arrival at the encoder's queue, moments after now; the
                     # queue applies the shorter of the request's own and its default (allow_timeout_override).
                     timeout = min(timeout_s, self.deadline_s) if timeout_s else self.deadline_s
-                    entries.append((tokens, now + timeout + IN_TRANSIT_S))
+                    entries.append((tokens, now + timeout + IN_TRANSIT_S, round((timeout_s or 0.0) * 1e6)))
                     free = False
                 answers.append(refusal)
             if entries:
                 self._log(entries, now)
-                admitted = float(sum(tokens for tokens, _ in entries))
+                admitted = float(sum(entry[0] for entry in entries))
                 self.row[TOTAL] += admitted
                 self.row[LAST_END] = now
                 self._sent(admitted, now)
         return answers
 
-    def _log(self, entries: list[tuple[float, float]], now: float) -> None:
+    def _log(self, entries: list[tuple[float, float, float]], now: float) -> None:
         """Write the admitted requests on the log; when it is full, the entries expiring first leave it."""
         log = self.log
         free = np.flatnonzero(log[:, TOKENS] == 0)
@@ -359,5 +368,5 @@ class TokenizerRow(Board):
             taken = np.flatnonzero(log[:, TOKENS] > 0)
             free = np.concatenate([free, taken[np.argsort(log[taken, EXPIRES])][:len(entries) - free.size]])
         rows, values = free[:len(entries)], np.asarray(entries, dtype=np.float64)
-        log[rows, ADMITTED], log[rows, EXPIRES] = now, values[:, 1]
+        log[rows, ADMITTED], log[rows, EXPIRES], log[rows, TIMEOUT] = now, values[:, 1], values[:, 2]
         log[rows, TOKENS] = values[:, 0]

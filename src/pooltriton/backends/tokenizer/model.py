@@ -25,6 +25,7 @@ from pooltriton.backends.common import (
     input_array,
     queue_timeout_s,
     request_parameters,
+    request_timeout_s,
     use_activation,
 )
 from pooltriton.backends.workboard import TokenizerRow, board_path, stub_argv
@@ -117,7 +118,7 @@ class TritonPythonModel:
         # Admission by work for the requests that go on to the encoder, the board read once per batch.
         going = [index for index, arrays in enumerate(padded) if arrays is not None and encodes[index]]
         refusals = dict(zip(going, self.board.admit_all([int(padded[i][3].sum()) for i in going],
-                                                        timeouts_s=[_timeout_s(requests[i]) for i in going]),
+                                                        timeouts_s=[request_timeout_s(requests[i]) for i in going]),
                             strict=True)) if self.board is not None and going else {}
         responses = []
         for index, (result, activated) in enumerate(zip(results, activate, strict=True)):
@@ -161,12 +162,6 @@ class TritonPythonModel:
         skip = bool(parameters.get("skip_special_tokens", False))
         decoded = [self.tokenizer.decode(ids, skip_special_tokens=skip) for ids in rows]
         return pb_utils.InferenceResponse([pb_utils.Tensor(DETOKENIZED, text_array(decoded, batched=True))])
-
-
-def _timeout_s(request) -> float | None:
-    """The request's own timeout (the client's, which each step's queue applies), None if it set none."""
-    microseconds = request.timeout() if hasattr(request, "timeout") else 0
-    return microseconds / 1e6 if microseconds else None
 
 
 def _id_rows(texts: list[str]) -> list[list[int]]:
