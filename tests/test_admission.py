@@ -132,6 +132,16 @@ def encoder_at_1000_tokens_per_s(path, batches: int = MIN_ANSWERS) -> EncoderRow
     return encoder
 
 
+def busy_board(tmp_path) -> tuple[EncoderRow, TokenizerRow, float]:
+    """A board whose encoder runs at 1,000 tokens/s and is busy from `now` on, and a tokenizer admitting
+    2.0 s of work (a 2.5 s deadline)."""
+    encoder = encoder_at_1000_tokens_per_s(tmp_path / "board")
+    tokenizer = TokenizerRow(tmp_path / "board", deadline_s=2.5)
+    now = time.monotonic()
+    encoder.started(now)
+    return encoder, tokenizer, now
+
+
 def test_the_tokenizer_stage_refuses_work_its_encoder_cannot_clear_within_the_queue_timeout(tmp_path) -> None:
     path = tmp_path / "board"
     encoder = encoder_at_1000_tokens_per_s(path)
@@ -182,11 +192,7 @@ def test_work_not_started_within_its_timeout_is_forgotten_while_the_encoder_work
     queue's) drops it from the encoder's queue; the encoder takes what it starts off the log. What is
     still there past that moment never started: forgotten, though the encoder never idles (under steady
     load it did not, and dropped work kept everyone refused)."""
-    path = tmp_path / "board"
-    encoder = encoder_at_1000_tokens_per_s(path)
-    tokenizer = TokenizerRow(path, deadline_s=2.5)  # admits 2.0 s of work
-    now = time.monotonic()
-    encoder.started(now)  # busy with work of its own
+    encoder, tokenizer, now = busy_board(tmp_path)
     assert tokenizer.admit(800, now=now, timeout_s=0.2) is None  # nothing queued: admitted
     assert tokenizer.admit(700, now=now) is None  # the queue's timeout: 2.5 s
     assert tokenizer.admit(600, now=now) is not None  # 2.1 s
@@ -204,11 +210,7 @@ def test_work_not_started_within_its_timeout_is_forgotten_while_the_encoder_work
 
 
 def test_requests_leave_the_log_by_their_tokens_and_what_has_no_entry_counts_while_it_runs(tmp_path) -> None:
-    path = tmp_path / "board"
-    encoder = encoder_at_1000_tokens_per_s(path)
-    tokenizer = TokenizerRow(path, deadline_s=2.5)
-    now = time.monotonic()
-    encoder.started(now)
+    encoder, tokenizer, now = busy_board(tmp_path)
     assert tokenizer.admit_all([300, 300, 200], now=now, timeouts_s=[0.2, None, 0.2]) == [None] * 3
     encoder.finished(0, 0.1, now=now + 0.1)
     encoder.started(now + 0.1)
@@ -232,11 +234,7 @@ def test_of_equal_tokens_the_entry_of_the_same_own_timeout_leaves(tmp_path) -> N
     """The encoder sees each request's own timeout too: of two requests of equal tokens, the one that
     started leaves the log, not the other (a request still queued would have been forgotten with the
     short timeout of one that ran, or one dropped counted for the long timeout of one that ran)."""
-    path = tmp_path / "board"
-    encoder = encoder_at_1000_tokens_per_s(path)
-    tokenizer = TokenizerRow(path, deadline_s=2.5)
-    now = time.monotonic()
-    encoder.started(now)
+    encoder, tokenizer, now = busy_board(tmp_path)
     assert tokenizer.admit(400, now=now) is None  # the queue's timeout: on the log until now + 2.55
     assert tokenizer.admit(400, now=now + 0.1, timeout_s=0.2) is None  # until now + 0.35
     encoder.finished(0, 0.2, now=now + 0.2)
@@ -252,11 +250,7 @@ def test_of_equal_tokens_the_entry_of_the_same_own_timeout_leaves(tmp_path) -> N
 
 
 def test_a_request_that_starts_after_its_entry_expired_counts_until_it_finishes(tmp_path) -> None:
-    path = tmp_path / "board"
-    encoder = encoder_at_1000_tokens_per_s(path)
-    tokenizer = TokenizerRow(path, deadline_s=2.5)
-    now = time.monotonic()
-    encoder.started(now)
+    encoder, tokenizer, now = busy_board(tmp_path)
     assert tokenizer.admit(400, now=now, timeout_s=0.2) is None
     assert tokenizer.queued(now + 0.3) == 0  # forgotten: past its timeout and the hop
     encoder.finished(0, 0.3, now=now + 0.3)
