@@ -295,17 +295,21 @@ async def overload(base_url: str, texts: list[str], model: str, clients: int, pe
                    deadline_s: float, batch: int = 32, warm_up: int = 12) -> dict:
     """Issue 19's overload through a gateway with admission by work: `clients` HTTP clients each post
     `per_client` requests of `batch` long texts at once. Every request must be answered or refused;
-    refusals should come at once (429), answers within the deadline. First `warm_up` requests one at a
-    time: the rate admission estimates with (it refuses nothing before 8 answers)."""
+    refusals should come at once (429), answers within the deadline. First `warm_up` requests four at a
+    time: the rate admission estimates with (measured only with two requests or more in flight; nothing
+    is refused before 8 answers)."""
     import aiohttp
 
     url = f"{base_url}/v1/embeddings"
     requests = [texts[(i * batch) % len(texts):][:batch] or texts[:batch] for i in range(clients * per_client)]
     outcomes: list[tuple[int, float]] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as http:
-        for body in requests[:warm_up]:
+        async def warm(body: list[str]) -> None:
             async with http.post(url, json={"model": model, "input": body}) as answer:
                 answer.raise_for_status()
+
+        for first in range(0, warm_up, 4):
+            await asyncio.gather(*(warm(body) for body in requests[first:min(first + 4, warm_up)]))
 
         async def client(index: int) -> None:
             for body in requests[index::clients]:

@@ -29,12 +29,14 @@ from pooltriton.gateway import create_app
 
 
 def measured(deadline_s: float, share: float = 1.0) -> Admission:
-    """An admission that has seen 1,000 tokens answered over one busy second: 1,000 tokens/s (the whole
-    deadline admitted unless `share` says otherwise, so the arithmetic below is the deadline's)."""
+    """An admission that has seen 1,000 tokens answered over one second with two requests in flight:
+    1,000 tokens/s (the whole deadline admitted unless `share` says otherwise, so the arithmetic below
+    is the deadline's)."""
     admission = Admission(deadline_s, share)
     for i in range(10):
-        assert admission.admit(100, now=i * 0.1) is None
-        admission.done(100, 100, 400, now=(i + 1) * 0.1)
+        assert admission.admit(100, now=i * 0.1) is None and admission.admit(100, now=i * 0.1) is None
+        admission.done(100, 100, 400, now=(i + 1) * 0.1)  # with the other in flight: measured
+        admission.done(100, 100, 400, now=(i + 1) * 0.1)  # alone: its latency, not the server's rate
     assert admission.tokens_per_s == pytest.approx(1000, rel=0.01)
     return admission
 
@@ -84,6 +86,19 @@ def test_admission_admits_anything_before_it_has_measured_and_when_nothing_is_qu
     assert idle.admit(10**6, now=2.0) is None  # alone, however long: it waits for nothing
 
 
+def test_one_request_at_a_time_is_no_evidence_of_what_the_server_clears() -> None:
+    """Answers with nothing else in flight measure a request's latency: 40 short texts one after the
+    other (a gateway's idle traffic) put the rate at ~3.8 x too slow, and the next burst was refused
+    though it fitted. They leave the rate unmeasured, so a burst behind them is admitted."""
+    admission = Admission(deadline_s=1.0)
+    for i in range(40):
+        assert admission.admit(10, now=i * 0.01) is None
+        admission.done(10, 10, 40, now=i * 0.01 + 0.005)  # 2,000 tokens/s by its latency
+    assert admission.tokens_per_s is None
+    assert all(admission.admit(5000, now=1.0) is None for _ in range(3))  # 15 s "ahead" by that latency
+    assert admission.estimate_tokens(400, 1) == pytest.approx(102)  # its characters still tell its tokens
+
+
 def test_tokens_are_estimated_by_the_characters_the_answers_showed() -> None:
     assert Admission(1.0).estimate_tokens(400, 1) == pytest.approx(102)  # 4 characters a token before answers
     admission = measured(deadline_s=1.0)  # answers showed 4,000 characters for 1,000 tokens
@@ -93,9 +108,13 @@ def test_tokens_are_estimated_by_the_characters_the_answers_showed() -> None:
 def test_the_gateway_refuses_at_once_with_429_and_retry_after_from_the_estimate() -> None:
     fake = FakeClient()
     with TestClient(create_app("unused:0", client=fake, deadline_s=1.0)) as http:
-        for _ in range(10):  # answered requests: the rate this front measures (8 at least before refusing)
-            assert http.post("/v1/embeddings", json={"model": "emb", "input": ["one two three"]}).status_code == 200
+        assert http.post("/v1/embeddings", json={"model": "emb", "input": ["one two three"]}).status_code == 200
         admission = http.app.state.pooling_service._admission["emb"]
+        past = time.monotonic() - 1
+        for i in range(10):  # answers with another request in flight: the rate it measures (8 at least)
+            assert admission.admit(5, now=past + i * 0.01) is None and admission.admit(5, now=past + i * 0.01) is None
+            admission.done(5, 5, 13, now=past + (i + 1) * 0.01)
+            admission.done(5, 5, 13, now=past + (i + 1) * 0.01)
         rate = admission.tokens_per_s
         assert rate is not None
         # Work worth 2.5 deadlines in flight from this front (as if other requests held it):
@@ -114,8 +133,8 @@ def test_the_gateway_refuses_at_once_with_429_and_retry_after_from_the_estimate(
 def test_usage_moves_the_rate() -> None:
     admission = measured(2.0)
     before = admission.tokens_per_s
-    assert admission.admit(100, now=1.2) is None
-    admission.done(100, 1000, 4000, now=1.3)  # an answer of 1,000 tokens in 0.1 s
+    assert admission.admit(100, now=1.2) is None and admission.admit(100, now=1.2) is None
+    admission.done(100, 1000, 4000, now=1.3)  # an answer of 1,000 tokens in 0.1 s, the other in flight
     assert admission.tokens_per_s > before
     assert np.isfinite(admission.tokens_per_s)
 

@@ -5,7 +5,10 @@ of waiting out a queue timeout.
 Pure and clocked from outside (like the retry policy): `Admission` tracks the tokens this front has in
 flight and the tokens per second the server has been clearing, both measured from the answers (usage
 counts the tokens each request cost; a text's tokens are estimated from its characters by the ratio
-the answers showed). Triton's own queues count requests, so 64 requests of 32 long texts fill no queue
+the answers showed). The rate is measured only while this front has two requests or more in flight:
+one request at a time shows a request's latency, not what the server clears with a backlog (after 40
+idle short texts, a gateway refused 7 of 24 requests that all fit, answered within 6.5 s, by a wait
+it put at ~25 s). Triton's own queues count requests, so 64 requests of 32 long texts fill no queue
 of 128 though they hold ~45 s of work; this counts the work.
 """
 
@@ -82,10 +85,11 @@ class Admission:
         self.queued_tokens = 0.0
         self._in_flight = 0
         self._busy_since: float | None = None
-        self._tokens = _Decayed()  # tokens answered
-        self._busy = _Decayed()  # seconds with work in flight
-        self._chars = _Decayed()  # characters of the answered texts
-        self._answers = _Decayed()  # answered requests: the evidence the rate rests on
+        self._tokens = _Decayed()  # tokens answered with others in flight
+        self._busy = _Decayed()  # seconds with two requests or more in flight
+        self._answers = _Decayed()  # requests answered with others in flight: the evidence the rate rests on
+        self._chars = _Decayed()  # characters of every answered text ...
+        self._text_tokens = _Decayed()  # ... and their tokens (the ratio `estimate_tokens` uses)
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -96,7 +100,7 @@ class Admission:
 
     def estimate_tokens(self, characters: int, texts: int) -> float:
         """A request's tokens from its characters, by the ratio the answers showed (+2 specials a text)."""
-        ratio = self._chars.value / self._tokens.value if self._tokens.value > 0 else CHARS_PER_TOKEN
+        ratio = self._chars.value / self._text_tokens.value if self._text_tokens.value > 0 else CHARS_PER_TOKEN
         return characters / max(ratio, 1e-6) + 2 * texts
 
     def admit(self, tokens: float, now: float) -> Refusal | None:
@@ -117,15 +121,18 @@ class Admission:
     def done(self, estimated: float, tokens: int | None, characters: int, now: float) -> None:
         """An admitted request answered (`tokens`: what usage says it cost) or failed (None)."""
         self._account(now)
+        concurrent = self._in_flight >= 2
         self._in_flight -= 1
         self.queued_tokens = max(self.queued_tokens - estimated, 0.0)
         if tokens:
-            self._tokens.add(tokens, now)
             self._chars.add(characters, now)
-            self._answers.add(1, now)
+            self._text_tokens.add(tokens, now)
+            if concurrent:
+                self._tokens.add(tokens, now)
+                self._answers.add(1, now)
 
     def _account(self, now: float) -> None:
-        """Busy time: the seconds during which this front had work in flight."""
-        if self._busy_since is not None and self._in_flight > 0:
+        """Busy time: the seconds during which this front had two requests or more in flight."""
+        if self._busy_since is not None and self._in_flight >= 2:
             self._busy.add(now - self._busy_since, now)
         self._busy_since = now
