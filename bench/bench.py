@@ -292,7 +292,7 @@ async def gateway_latency(base_url: str, texts: list[str], models: tuple[str, ..
 
 
 async def overload(base_url: str, texts: list[str], model: str, clients: int, per_client: int,
-                   deadline_s: float, batch: int = 32, warm_up: int = 12) -> dict:
+                   deadline_s: float, batch: int = 32, warm_up: int = 16) -> dict:
     """Issue 19's overload through a gateway with admission by work: `clients` HTTP clients each post
     `per_client` requests of `batch` long texts at once. Every request must be answered or refused;
     refusals should come at once (429), answers within the deadline. First `warm_up` requests four at a

@@ -24,8 +24,21 @@ from pooltriton.backends.workboard import (
     board_path,
     stub_argv,
 )
-from pooltriton.contract.admission import DEADLINE_SHARE, MIN_ANSWERS, Admission, retry_after_in, retry_phrase
+from pooltriton.contract.admission import (
+    DEADLINE_SHARE,
+    MIN_ANSWERS,
+    Admission,
+    Admitted,
+    Refusal,
+    retry_after_in,
+    retry_phrase,
+)
 from pooltriton.gateway import create_app
+
+
+def admitted(result: Admitted | Refusal) -> Admitted:
+    assert isinstance(result, Admitted), result
+    return result
 
 
 def measured(deadline_s: float, share: float = 1.0) -> Admission:
@@ -33,10 +46,10 @@ def measured(deadline_s: float, share: float = 1.0) -> Admission:
     1,000 tokens/s (the whole deadline admitted unless `share` says otherwise, so the arithmetic below
     is the deadline's)."""
     admission = Admission(deadline_s, share)
-    for i in range(10):
-        assert admission.admit(100, now=i * 0.1) is None and admission.admit(100, now=i * 0.1) is None
-        admission.done(100, 100, 400, now=(i + 1) * 0.1)  # with the other in flight: measured
-        admission.done(100, 100, 400, now=(i + 1) * 0.1)  # alone: its latency, not the server's rate
+    for i in range(10):  # two requests of 50 tokens in flight together for 0.1 s, answered together
+        pair = [admitted(admission.admit(50, now=i * 0.1)) for _ in range(2)]
+        for ticket in pair:
+            admission.done(ticket, 50, 200, now=(i + 1) * 0.1)
     assert admission.tokens_per_s == pytest.approx(1000, rel=0.01)
     return admission
 
@@ -46,44 +59,47 @@ def test_admission_keeps_headroom_below_the_deadline_for_its_own_estimate() -> N
     admission = measured(deadline_s=2.0, share=DEADLINE_SHARE)
     assert admission.budget_s == pytest.approx(2.0 * DEADLINE_SHARE) and DEADLINE_SHARE < 1
     for _ in range(15):  # 1,500 tokens in flight: a 100-token request would be answered after 1.6 s
-        assert admission.admit(100, now=1.0) is None
-    assert admission.admit(90, now=1.0) is None  # 1.59 s: within the budget, 80 % of the 2 s deadline
+        admitted(admission.admit(100, now=1.0))
+    admitted(admission.admit(90, now=1.0))  # 1.59 s: within the budget, 80 % of the 2 s deadline
     refusal = admission.admit(100, now=1.0)  # 1.69 s: within the deadline but past the budget
-    assert refusal is not None and refusal.wait_s == pytest.approx(1.69, rel=0.01) and refusal.retry_after_s == 1
+    assert isinstance(refusal, Refusal)
+    assert refusal.wait_s == pytest.approx(1.69, rel=0.01) and refusal.retry_after_s == 1
     assert Admission(2.0).budget_s == pytest.approx(2.0 * DEADLINE_SHARE)  # the default
 
 
 def test_admission_refuses_when_the_estimated_wait_exceeds_the_deadline() -> None:
     admission = measured(deadline_s=2.0)
-    for _ in range(19):  # 1,900 tokens in flight: a 100-token request would be answered after 2.0 s
-        assert admission.admit(100, now=1.0) is None
-    assert admission.admit(200, now=1.0) is not None  # 2.1 s with its own work: over the deadline
-    assert admission.admit(90, now=1.0) is None  # 1.99 s: it fits
+    held = [admitted(admission.admit(100, now=1.0)) for _ in range(19)]  # 1,900 tokens: the next after 2.0 s
+    assert isinstance(admission.admit(200, now=1.0), Refusal)  # 2.1 s with its own work: over the deadline
+    admitted(admission.admit(90, now=1.0))  # 1.99 s: it fits
     refusal = admission.admit(1010, now=1.0)  # 1,990 ahead + its own 1,010 tokens: 3.0 s
-    assert refusal is not None and refusal.wait_s == pytest.approx(3.0, rel=0.01)
+    assert isinstance(refusal, Refusal) and refusal.wait_s == pytest.approx(3.0, rel=0.01)
     assert refusal.retry_after_s == 1  # 1.0 s over the deadline, rounded up
     # The refused request holds nothing; the queue drains as answers come back and it fits again.
     assert admission.queued_tokens == pytest.approx(1990)
-    for _ in range(19):
-        admission.done(100, 100, 400, now=2.0)
-    assert admission.admit(1010, now=2.0) is None
+    for ticket in held:
+        admission.done(ticket, 100, 400, now=2.0)
+    admitted(admission.admit(1010, now=2.0))
     # A request longer than the deadline on its own still runs when nothing else is in flight.
     lone = measured(deadline_s=2.0)
-    assert lone.admit(10**5, now=1.0) is None
+    admitted(lone.admit(10**5, now=1.0))
 
 
 def test_admission_admits_anything_before_it_has_measured_and_when_nothing_is_queued() -> None:
     fresh = Admission(deadline_s=0.001)
-    assert fresh.admit(10**6, now=0.0) is None  # no rate yet: nothing to estimate with
-    # One short text answered after idle time is a single text's speed, not evidence of what the server
-    # clears in batches: a burst behind it is admitted until enough answers measured the rate.
+    admitted(fresh.admit(10**6, now=0.0))  # no rate yet: nothing to estimate with
+    # A few answers are not evidence of what the server clears in batches: a burst behind them is
+    # admitted until enough answers measured the rate.
     thin = Admission(deadline_s=1.0)
-    assert thin.admit(10, now=0.0) is None
-    thin.done(10, 10, 40, now=0.01)  # 1,000 tokens/s
-    assert thin.admit(10, now=0.02) is None and thin.admit(10**5, now=0.02) is None
-    assert thin.admit(10, now=0.02) is None  # 100 s "ahead" by one answer's rate: still admitted
+    first, second = admitted(thin.admit(10, now=0.0)), admitted(thin.admit(10, now=0.0))
+    thin.done(first, 10, 40, now=0.01)  # 1,000 tokens/s, with the other in flight
+    thin.done(second, 10, 40, now=0.01)
+    assert thin.tokens_per_s is not None
+    admitted(thin.admit(10, now=0.02))
+    admitted(thin.admit(10**5, now=0.02))
+    admitted(thin.admit(10, now=0.02))  # 100 s "ahead" by two answers' rate: still admitted
     idle = measured(deadline_s=0.5)
-    assert idle.admit(10**6, now=2.0) is None  # alone, however long: it waits for nothing
+    admitted(idle.admit(10**6, now=2.0))  # alone, however long: it waits for nothing
 
 
 def test_one_request_at_a_time_is_no_evidence_of_what_the_server_clears() -> None:
@@ -92,11 +108,23 @@ def test_one_request_at_a_time_is_no_evidence_of_what_the_server_clears() -> Non
     though it fitted. They leave the rate unmeasured, so a burst behind them is admitted."""
     admission = Admission(deadline_s=1.0)
     for i in range(40):
-        assert admission.admit(10, now=i * 0.01) is None
-        admission.done(10, 10, 40, now=i * 0.01 + 0.005)  # 2,000 tokens/s by its latency
+        admission.done(admitted(admission.admit(10, now=i * 0.01)), 10, 40, now=i * 0.01 + 0.005)
     assert admission.tokens_per_s is None
-    assert all(admission.admit(5000, now=1.0) is None for _ in range(3))  # 15 s "ahead" by that latency
+    assert all(isinstance(admission.admit(5000, now=1.0), Admitted) for _ in range(3))  # 15 s by that latency
     assert admission.estimate_tokens(400, 1) == pytest.approx(102)  # its characters still tell its tokens
+
+
+def test_an_answer_counts_by_its_share_of_time_beside_others() -> None:
+    """A request that ran alone for 0.9 s and beside another for its last 0.1 s: counted whole, its
+    1,000 tokens over 0.1 s busy would put the rate at 10,000 tokens/s, ten times what the server
+    cleared; by its share it is 1,000 (and the other's 100 tokens over its 0.2 s count half: 50)."""
+    admission = Admission(deadline_s=1.0)
+    long = admitted(admission.admit(1000, now=0.0))
+    short = admitted(admission.admit(100, now=0.9))
+    admission.done(long, 1000, 4000, now=1.0)
+    assert admission.tokens_per_s == pytest.approx(1000)
+    admission.done(short, 100, 400, now=1.1)
+    assert admission.tokens_per_s == pytest.approx((1000 * 0.1 + 100 * 0.5) / 0.1, rel=0.01)  # 1,500: its half
 
 
 def test_tokens_are_estimated_by_the_characters_the_answers_showed() -> None:
@@ -112,14 +140,13 @@ def test_the_gateway_refuses_at_once_with_429_and_retry_after_from_the_estimate(
         admission = http.app.state.pooling_service._admission["emb"]
         past = time.monotonic() - 1
         for i in range(10):  # answers with another request in flight: the rate it measures (8 at least)
-            assert admission.admit(5, now=past + i * 0.01) is None and admission.admit(5, now=past + i * 0.01) is None
-            admission.done(5, 5, 13, now=past + (i + 1) * 0.01)
-            admission.done(5, 5, 13, now=past + (i + 1) * 0.01)
+            pair = [admitted(admission.admit(5, now=past + i * 0.01)) for _ in range(2)]
+            for ticket in pair:
+                admission.done(ticket, 5, 13, now=past + (i + 1) * 0.01)
         rate = admission.tokens_per_s
         assert rate is not None
         # Work worth 2.5 deadlines in flight from this front (as if other requests held it):
-        held = 2.5 * rate
-        assert admission.admit(held, now=time.monotonic()) is None
+        held = admitted(admission.admit(2.5 * rate, now=time.monotonic()))
         sent = len(fake.requests)
         answer = http.post("/v1/embeddings", json={"model": "emb", "input": ["one more text"]})
         assert answer.status_code == 429 and answer.json()["error"]["type"] == "rate_limit_error"
@@ -133,8 +160,8 @@ def test_the_gateway_refuses_at_once_with_429_and_retry_after_from_the_estimate(
 def test_usage_moves_the_rate() -> None:
     admission = measured(2.0)
     before = admission.tokens_per_s
-    assert admission.admit(100, now=1.2) is None and admission.admit(100, now=1.2) is None
-    admission.done(100, 1000, 4000, now=1.3)  # an answer of 1,000 tokens in 0.1 s, the other in flight
+    first, _ = admitted(admission.admit(100, now=1.2)), admitted(admission.admit(100, now=1.2))
+    admission.done(first, 1000, 4000, now=1.3)  # an answer of 1,000 tokens in 0.1 s, the other in flight
     assert admission.tokens_per_s > before
     assert np.isfinite(admission.tokens_per_s)
 

@@ -42,7 +42,7 @@ from pooltriton.contract import (
     triton_priority,
 )
 from pooltriton.contract import requests as protocol
-from pooltriton.contract.admission import Admission
+from pooltriton.contract.admission import Admission, Refusal
 from pooltriton.contract.config import read_parameters
 from pooltriton.contract.requests import RETRIES, ModelInfo, TritonRequest, model_info, retry_delay
 
@@ -242,17 +242,17 @@ class PoolingService:
         admission = self._admission.setdefault(model, Admission(self.deadline_s))
         characters = sum(len(text) for text in texts)
         estimated = admission.estimate_tokens(characters, len(texts))
-        refusal = admission.admit(estimated, time.monotonic())
-        if refusal is not None:
-            raise Overloaded(f"overloaded: this request would be answered only in ~{refusal.wait_s:.1f} s, behind "
+        admitted = admission.admit(estimated, time.monotonic())
+        if isinstance(admitted, Refusal):
+            raise Overloaded(f"overloaded: this request would be answered only in ~{admitted.wait_s:.1f} s, behind "
                              f"the work queued for {model!r}, past the {admission.budget_s:g} s admitted of its "
-                             f"{self.deadline_s:g} s deadline; retry in {refusal.retry_after_s} s",
-                             refusal.retry_after_s)
+                             f"{self.deadline_s:g} s deadline; retry in {admitted.retry_after_s} s",
+                             admitted.retry_after_s)
         answered: list[int] = []
         try:
             yield answered
         finally:
-            admission.done(estimated, sum(answered) or None, characters, time.monotonic())
+            admission.done(admitted, sum(answered) or None, characters, time.monotonic())
 
     # ---- models ----------------------------------------------------------------------------------
     async def _config(self, name: str) -> dict:

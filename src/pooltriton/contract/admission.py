@@ -5,11 +5,13 @@ of waiting out a queue timeout.
 Pure and clocked from outside (like the retry policy): `Admission` tracks the tokens this front has in
 flight and the tokens per second the server has been clearing, both measured from the answers (usage
 counts the tokens each request cost; a text's tokens are estimated from its characters by the ratio
-the answers showed). The rate is measured only while this front has two requests or more in flight:
-one request at a time shows a request's latency, not what the server clears with a backlog (after 40
-idle short texts, a gateway refused 7 of 24 requests that all fit, answered within 6.5 s, by a wait
-it put at ~25 s). Triton's own queues count requests, so 64 requests of 32 long texts fill no queue
-of 128 though they hold ~45 s of work; this counts the work.
+the answers showed). The rate is measured only over time when this front has two requests or more in
+flight, each answer counting its tokens by the share of its own time in flight spent so: one request
+at a time shows a request's latency, not what the server clears with a backlog (after 40 idle short
+texts, a gateway refused 7 of 24 requests that all fit, answered within 6.5 s, by a wait it put at
+~25 s), and an answer counted whole for a moment's overlap would inflate the rate. Triton's own queues
+count requests, so 64 requests of 32 long texts fill no queue of 128 though they hold ~45 s of work;
+this counts the work.
 """
 
 from __future__ import annotations
@@ -49,6 +51,15 @@ class _Decayed:
 
 
 @dataclass(frozen=True)
+class Admitted:
+    """An admitted request, for `Admission.done`."""
+
+    tokens: float  # its estimated tokens
+    at: float  # when it was admitted
+    backlog_s: float  # the front's seconds with two requests or more in flight so far
+
+
+@dataclass(frozen=True)
 class Refusal:
     wait_s: float  # the estimated time until this request would have been answered
     retry_after_s: int  # when enough queued work should have cleared for it to fit
@@ -85,9 +96,10 @@ class Admission:
         self.queued_tokens = 0.0
         self._in_flight = 0
         self._busy_since: float | None = None
-        self._tokens = _Decayed()  # tokens answered with others in flight
+        self._backlog_s = 0.0  # seconds with two requests or more in flight, all told (read as differences)
+        self._tokens = _Decayed()  # tokens answered, each answer's by its share of time with others in flight
         self._busy = _Decayed()  # seconds with two requests or more in flight
-        self._answers = _Decayed()  # requests answered with others in flight: the evidence the rate rests on
+        self._answers = _Decayed()  # answers by the same shares: the evidence the rate rests on
         self._chars = _Decayed()  # characters of every answered text ...
         self._text_tokens = _Decayed()  # ... and their tokens (the ratio `estimate_tokens` uses)
 
@@ -103,11 +115,11 @@ class Admission:
         ratio = self._chars.value / self._text_tokens.value if self._text_tokens.value > 0 else CHARS_PER_TOKEN
         return characters / max(ratio, 1e-6) + 2 * texts
 
-    def admit(self, tokens: float, now: float) -> Refusal | None:
-        """None: admitted (call `done` when it is answered); else why not, and when to retry: a request
-        that could not finish within the budget (DEADLINE_SHARE of the deadline) behind the queued work
-        and its own. With nothing in flight anything is admitted (a request longer than the deadline
-        alone is never refused outright; it runs when the model is free)."""
+    def admit(self, tokens: float, now: float) -> Refusal | Admitted:
+        """Admitted (pass it to `done` when it is answered), or why not and when to retry: a request that
+        could not finish within the budget (DEADLINE_SHARE of the deadline) behind the queued work and
+        its own. With nothing in flight anything is admitted (a request longer than the deadline alone
+        is never refused outright; it runs when the model is free)."""
         rate = self.tokens_per_s
         if rate is not None and self._in_flight > 0 and self._answers.at_time(now) >= MIN_ANSWERS:
             refusal = refuse(self.queued_tokens, tokens, rate, self.budget_s)
@@ -116,23 +128,26 @@ class Admission:
         self._account(now)
         self._in_flight += 1
         self.queued_tokens += tokens
-        return None
+        return Admitted(tokens, now, self._backlog_s)
 
-    def done(self, estimated: float, tokens: int | None, characters: int, now: float) -> None:
+    def done(self, admitted: Admitted, tokens: int | None, characters: int, now: float) -> None:
         """An admitted request answered (`tokens`: what usage says it cost) or failed (None)."""
         self._account(now)
-        concurrent = self._in_flight >= 2
         self._in_flight -= 1
-        self.queued_tokens = max(self.queued_tokens - estimated, 0.0)
+        self.queued_tokens = max(self.queued_tokens - admitted.tokens, 0.0)
         if tokens:
             self._chars.add(characters, now)
             self._text_tokens.add(tokens, now)
-            if concurrent:
-                self._tokens.add(tokens, now)
-                self._answers.add(1, now)
+            # The share of its time in flight spent beside other requests: 0 alone, 1 throughout.
+            lifetime = now - admitted.at
+            share = min((self._backlog_s - admitted.backlog_s) / lifetime, 1.0) if lifetime > 0 else 0.0
+            if share > 0:
+                self._tokens.add(tokens * share, now)
+                self._answers.add(share, now)
 
     def _account(self, now: float) -> None:
         """Busy time: the seconds during which this front had two requests or more in flight."""
         if self._busy_since is not None and self._in_flight >= 2:
             self._busy.add(now - self._busy_since, now)
+            self._backlog_s += now - self._busy_since
         self._busy_since = now
