@@ -165,6 +165,11 @@ class Board:
             self._map.close()
 
 
+def _micros(timeout_s: float | None) -> int:
+    """A request's own timeout as the log keeps it (both stages must write it alike): microseconds, 0 for none."""
+    return round((timeout_s or 0.0) * 1e6)
+
+
 def _keys(tokens: np.ndarray, timeouts_us: np.ndarray) -> np.ndarray:
     """One sortable key per (tokens, own timeout): the tokens above 32 bits, the microseconds below."""
     return (tokens.astype(np.int64) << 32) | np.minimum(timeouts_us.astype(np.int64), 2**32 - 1)
@@ -216,12 +221,13 @@ class EncoderRow(Board):
         equal one that overtook it and had expired) or there was none (a direct call, then neutral)."""
         if not requests:
             return
-        timeouts = [round((t or 0.0) * 1e6) for t in (timeouts_s or [None] * len(requests))]
+        timeouts = [_micros(t) for t in (timeouts_s or [None] * len(requests))]
         with self._lock():
             log = self.log
             live = np.flatnonzero(log[:, TOKENS] > 0)
-            order = live[np.lexsort((log[live, ADMITTED], _keys(log[live, TOKENS], log[live, TIMEOUT])))]
-            keys = _keys(log[order, TOKENS], log[order, TIMEOUT])
+            live_keys = _keys(log[live, TOKENS], log[live, TIMEOUT])
+            by_key = np.lexsort((log[live, ADMITTED], live_keys))  # by key, then admitted
+            order, keys = live[by_key], live_keys[by_key]
             wanted = np.sort(_keys(np.asarray(requests, dtype=np.float64), np.asarray(timeouts, dtype=np.float64)))
             # The n-th request of a key takes the n-th entry of it, if there is one.
             position = (np.searchsorted(keys, wanted, "left")
@@ -349,7 +355,7 @@ class TokenizerRow(Board):
                     # Its timeout runs from its arrival at the encoder's queue, moments after now; the
                     # queue applies the shorter of the request's own and its default (allow_timeout_override).
                     timeout = min(timeout_s, self.deadline_s) if timeout_s else self.deadline_s
-                    entries.append((tokens, now + timeout + IN_TRANSIT_S, round((timeout_s or 0.0) * 1e6)))
+                    entries.append((tokens, now + timeout + IN_TRANSIT_S, _micros(timeout_s)))
                     free = False
                 answers.append(refusal)
             if entries:
