@@ -118,20 +118,24 @@ def test_models_health_metrics(gateway, http) -> None:
     ("/v1/embeddings", {"model": "nope", "input": "x"}, 404, "does not exist"),
     ("/v1/embeddings", {"model": "minilm", "input": "word " * 400}, 400, "limit of 256 tokens"),
     ("/v1/embeddings", {"model": "minilm", "input": "x", "dimensions": 128}, 400, "does not support dimensions"),
-    ("/v1/embeddings", {"model": "minilm", "input": 5}, 422, "input"),
-    ("/v1/embeddings", {"model": "minilm"}, 422, "input"),
+    ("/v1/embeddings", {"model": "minilm", "input": 5}, 400, "input"),
+    ("/v1/embeddings", {"model": "minilm"}, 400, "input"),
     ("/v1/embeddings", {"model": "minilm", "input": [""]}, 400, "is empty"),
     ("/score", {"model": "rampart", "text_1": "a", "text_2": "b"}, 400, "cannot score"),
     ("/classify", {"model": "minilm", "input": "x"}, 400, "not classify"),
     ("/detokenize", {"model": "minilm", "tokens": [-1, 10**9]}, 400, "tokens must be ids"),
     ("/v1/embeddings", {"model": "minilm", "input": "x", "dimensions": 10**12}, 400, "does not support dimensions"),
     ("/v1/embeddings", {"model": "../minilm", "input": "x"}, 400, "invalid model name"),
-    ("/v1/embeddings", {"model": "minilm", "input": "x", "truncate_prompt_tokens": -7}, 422,
+    ("/v1/embeddings", {"model": "minilm", "input": "x", "truncate_prompt_tokens": -7}, 400,
      "truncate_prompt_tokens"),
+    ("/v1/embeddings", {"model": "minilm", "input": "x", "truncate_prompt_tokens": 300}, 400,
+     "greater than the model's limit of 256"),
+    ("/v1/embeddings", {"model": "rampart", "input": "x"}, 400, "is token_classify, not embed"),
+    ("/v2/embed", {"model": "rampart", "texts": ["x"]}, 400, "use /pooling"),
     ("/v1/embeddings", {"model": "minilm", "input": [10**9]}, 400, "token ids must be integers"),
     ("/rerank", {"model": "minilm", "query": "q", "documents": []}, 400, "documents is empty"),
     ("/score", {"model": "minilm", "text_1": ["a", "b"], "text_2": ["x", "y", "z"]}, 400, "quer"),
-    ("/v2/embed", {"model": "minilm", "texts": ["x"], "embedding_types": ["float16"]}, 422, "embedding_types"),
+    ("/v2/embed", {"model": "minilm", "texts": ["x"], "embedding_types": ["float16"]}, 400, "embedding_types"),
 ])
 def test_errors_have_the_openai_shape(http, path, payload, status, message) -> None:
     response = http.post(path, json=payload)
@@ -140,7 +144,7 @@ def test_errors_have_the_openai_shape(http, path, payload, status, message) -> N
     assert message in error["message"] and error["code"] == status and error["type"]
 
 
-@pytest.mark.parametrize(("tokens", "side"), [(-1, None), (-1, "right"), (10, None), (10, "right"), (300, "left")])
+@pytest.mark.parametrize(("tokens", "side"), [(-1, None), (-1, "right"), (10, None), (10, "right"), (256, "left")])
 def test_truncate_prompt_tokens(http, minilm_st, tokens, side) -> None:
     """vLLM's option: keep the last k tokens (left truncation) unless truncation_side is right."""
     long = " ".join(f"w{i}" for i in range(400))

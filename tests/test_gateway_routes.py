@@ -318,3 +318,37 @@ def test_cancel_on_disconnect_cancels_only_for_a_client_gone() -> None:
     assert cancelled == [] and how == "raised"
     cancelled, how, left = asyncio.run(case(disconnect=False, outside=False))
     assert cancelled == [] and how == "returned" and left == 0
+
+
+def test_embedding_routes_serve_only_embedding_models(http, fake) -> None:
+    """A classifier's probabilities are not embeddings: 400 naming the route that serves it (vLLM's answer)."""
+    for path, body in (("/v1/embeddings", {"model": "cls", "input": "x"}), ("/v2/embed", {"model": "cls", "texts": ["x"]})):
+        response = http.post(path, json=body)
+        assert response.status_code == 400 and "is classify, not embed" in response.json()["error"]["message"]
+        assert "use /classify" in response.json()["error"]["message"]
+    assert not fake.requests
+
+
+def test_invalid_bodies_are_400_in_the_openai_shape_and_documented_so(http) -> None:
+    response = http.post("/v1/embeddings", json={"model": "emb", "input": 5})
+    assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+    spec = http.get("/openapi.json").json()
+    responses = spec["paths"]["/v1/embeddings"]["post"]["responses"]
+    assert "422" not in responses and responses["400"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/ErrorResponse")
+
+
+def test_rerank_top_n_zero_means_every_document(http) -> None:
+    body = http.post("/rerank", json={"model": "emb", "query": "q", "documents": ["a", "bb", "c"], "top_n": 0}).json()
+    assert len(body["results"]) == 3
+
+
+def test_a_cut_vector_is_renormalised_only_where_the_answer_was_activated(http, fake) -> None:
+    raw = http.post("/v1/embeddings", json={"model": "emb", "input": "ab", "dimensions": 2,
+                                            "use_activation": False}).json()["data"][0]["embedding"]
+    assert raw == [2.0, 3.0]  # the fake's first two values, as served
+    fake.server.configs["emb"] = _config("emb", "embed", ["EMBEDDING", PROMPT_TOKENS], matryoshka_dimensions=[2],
+                                         use_activation=False)  # a sentence-transformers model without Normalize
+    with TestClient(create_app("unused:0", client=fake)) as client:
+        cut = client.post("/v1/embeddings", json={"model": "emb", "input": "ab", "dimensions": 2}).json()
+    assert cut["data"][0]["embedding"] == [2.0, 3.0]

@@ -121,6 +121,9 @@ class EnsembleParameters(StageParameters):
     max_length: int | None = None
     labels: tuple[str, ...] | None = None
     matryoshka_dimensions: tuple[int, ...] | None = None
+    # Whether the model activates (embed: normalises) where a request does not say: a vector cut to a
+    # Matryoshka size is re-normalised only then (vLLM). Exported before this was written: True.
+    use_activation: bool = True
 
 
 STAGE_PARAMETERS = (TokenizerParameters, EncoderParameters, PoolerParameters, ScorerParameters, PluginParameters,

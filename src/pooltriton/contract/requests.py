@@ -105,6 +105,7 @@ class ModelInfo:
     labels: tuple[str, ...]
     max_length: int | None = None
     dimensions: tuple[int, ...] = ()  # Matryoshka sizes the model declares; empty: none
+    use_activation: bool = True  # what a request that does not say gets (embed: normalised vectors)
 
     @property
     def per_token(self) -> bool:
@@ -119,7 +120,8 @@ def model_info(name: str, config: dict) -> ModelInfo:
         return ModelInfo(name=name, task="", outputs=outputs, labels=())
     ensemble = EnsembleParameters.from_parameters(parameters)
     return ModelInfo(name=name, task=ensemble.task, outputs=outputs, labels=ensemble.labels or (),
-                     max_length=ensemble.max_length, dimensions=ensemble.matryoshka_dimensions or ())
+                     max_length=ensemble.max_length, dimensions=ensemble.matryoshka_dimensions or (),
+                     use_activation=ensemble.use_activation)
 
 
 def text_array(texts: Sequence[str | bytes], batched: bool) -> np.ndarray:

@@ -81,13 +81,17 @@ class TextTokenizer:
             raise InputError(f"{what} must be ids in [0, {vocab})")
 
     def limit(self, max_tokens: object) -> int:
-        """A request's own token limit (vLLM's truncate_prompt_tokens): at most the model's; -1 or
-        None means the model's."""
+        """A request's own token limit (vLLM's truncate_prompt_tokens): at most the model's, else refused
+        as vLLM refuses it (a silent cut at the model's limit would not be what was asked); -1 or None
+        means the model's."""
         if max_tokens is None or max_tokens == -1:
             return self.max_length
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise InputError(f"max_tokens must be a positive integer or -1, got {max_tokens!r}")
-        return min(max_tokens, self.max_length)
+        if max_tokens > self.max_length:
+            raise InputError(f"max_tokens ({max_tokens}) is greater than the model's limit of {self.max_length} "
+                             "tokens: send at most that, or -1 for the model's limit")
+        return max_tokens
 
     def encode(
         self, texts: list[str], truncation: Truncation = Truncation.NONE, pairs: list[str] | None = None

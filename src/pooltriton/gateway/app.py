@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from tritonclient.utils import InferenceServerException
 
@@ -38,6 +39,7 @@ from pooltriton.gateway.guard import Guard
 from pooltriton.gateway.metrics import CLIENT_CLOSED, GatewayMetrics
 from pooltriton.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from pooltriton.gateway.protocol import (
+    ERROR_SCHEMA,
     APIError,
     ClassifyRequest,
     CohereEmbedRequest,
@@ -101,10 +103,8 @@ async def embeddings(body: EmbeddingRequest, request: Request):
         parameters["input_format"] = "token_ids"
     else:
         texts = as_texts(body.input)
-    if model.per_token:
-        raise APIError(400, f"model {model.name!r} is {model.task}: use /pooling for token outputs", "model")
     pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **parameters))
-    vectors = matryoshka(model, pooled.values, body.dimensions, "dimensions")
+    vectors = matryoshka(model, pooled.values, body.dimensions, "dimensions", body.use_activation)
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     data = [{"object": "embedding", "index": i,
              "embedding": base64_vector(v) if body.encoding_format == "base64" else v}
@@ -129,8 +129,6 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request):
 async def classify(body: ClassifyRequest, request: Request):
     serving, service = _serving(request)
     model = await serving.model(body.model, "classify")
-    if model.task != "classify":
-        raise APIError(400, f"model {model.name!r} is {model.task}, not classify", "model")
     pooled = await serving(service.encode(as_texts(body.input), model=model.name, priority=body.priority,
                                           **body.parameters()))
     data = [{"index": i, "label": model.labels[int(p.argmax())] if model.labels else int(p.argmax()),
@@ -154,7 +152,7 @@ async def score_route(body: ScoreRequest, request: Request):
 async def rerank_route(body: RerankRequest, request: Request):
     serving, service = _serving(request)
     model = await serving.model(body.model)
-    ranked = await serving(service.rerank(body.query, body.documents, model=model.name, top_n=body.top_n,
+    ranked = await serving(service.rerank(body.query, body.documents, model=model.name, top_n=body.top_n or None,
                                           priority=body.priority, **body.parameters()))
     results = []
     for result in ranked.values:
@@ -266,11 +264,33 @@ def _middlewares(app: FastAPI, api_key: str | None, observed: GatewayMetrics) ->
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, error: RequestValidationError):
+        # 400 as vLLM and OpenAI answer it (FastAPI's own is 422): SDKs raise BadRequestError for it.
         first = error.errors()[0] if error.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", []) if p != "body")
-        status = 400 if first.get("type") == "json_invalid" else 422
-        return JSONResponse(error_body(status, f"{where}: {first.get('msg', 'invalid request')}",
-                                       "invalid_request_error", where or None), status_code=status)
+        return JSONResponse(error_body(400, f"{where}: {first.get('msg', 'invalid request')}",
+                                       "invalid_request_error", where or None), status_code=400)
+
+    app.openapi = lambda: _openapi(app)
+
+
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's document, with the invalid bodies' answer as served: 400 in OpenAI's error shape, where
+    FastAPI's default says 422 with its own body."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        invalid = {"description": "Invalid request", "content": {"application/json": {"schema": {
+            "$ref": "#/components/schemas/ErrorResponse"}}}}
+        for operations in schema["paths"].values():
+            for operation in operations.values():
+                responses = operation.get("responses", {})
+                if responses.pop("422", None) is not None:
+                    responses["400"] = invalid
+        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+        for unused in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(unused, None)
+        schemas["ErrorResponse"] = ERROR_SCHEMA
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def main(argv: list[str] | None = None) -> int:

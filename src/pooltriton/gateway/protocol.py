@@ -13,12 +13,19 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.retry_after = status, message, param, retry_after
         self.kind = kind or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                             413: "invalid_request_error", 422: "invalid_request_error",
+                             413: "invalid_request_error",
                              429: "rate_limit_error", 503: "service_unavailable"}.get(status, "server_error")
 
 
 def error_body(status: int, message: str, kind: str, param: str | None = None) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+# error_body's shape, for the OpenAPI document.
+ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "param", "code"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"anyOf": [{"type": "string"}, {"type": "null"}]}, "code": {"type": "integer"}}}}}
 
 
 class Options(BaseModel):
@@ -79,7 +86,7 @@ class ScoreRequest(Options):
 class RerankRequest(Options):
     query: str
     documents: list[str]
-    top_n: int | None = Field(None, gt=0)
+    top_n: int | None = Field(None, ge=0)  # vLLM's default 0: every document
     return_documents: bool = True
 
 

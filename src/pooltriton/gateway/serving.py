@@ -26,18 +26,27 @@ class Serving:
         self.service = service
 
     async def model(self, name: str | None, task: str | None = None) -> ServedModel:
-        """The served model a body names (or the first for `task`); the model list is read on first use."""
+        """The served model a body names, which must serve `task` where one is given (vLLM answers 400,
+        "the model does not support" the route's API), or the first for `task`; the model list is read on
+        first use."""
         if not self.service.models:
             try:
                 await self.service.refresh()
             except InferenceServerException as error:
                 raise APIError(503, f"Triton is unavailable: {error.message()}") from None
         try:
-            return self.service.served(name, task)
+            model = self.service.served(name, task)
         except RequestError as error:
             raise APIError(400, str(error), error.param) from None
         except ModelNotFound as error:
             raise APIError(404, str(error), "model", "model_not_found" if name else None) from None
+        if task is not None and model.task != task:
+            # An embedding route must not hand out a classifier's probabilities as vectors.
+            route = "/pooling" if model.per_token else f"/{model.task}" if model.task == "classify" else None
+            where = f"; use {route}" if route else ""
+            raise APIError(400, f"model {model.name!r} is {model.task}, not {task}: it does not serve this API{where}",
+                           "model")
+        return model
 
     async def __call__(self, call: Awaitable[T]) -> T:
         """A service call. Triton's error keeps its code: UNAVAILABLE from a server that is ready means
@@ -77,7 +86,10 @@ def as_token_ids(value: Any) -> list[list[int]] | None:
     return None
 
 
-def matryoshka(model: ServedModel, vectors: np.ndarray, dimensions: int | None, field: str) -> np.ndarray:
+def matryoshka(model: ServedModel, vectors: np.ndarray, dimensions: int | None, field: str,
+               use_activation: bool | None = None) -> np.ndarray:
+    """The vectors cut to `dimensions`, re-normalised where they were normalised (vLLM: the request's
+    use_activation, else the model's)."""
     if dimensions is None or dimensions == vectors.shape[1]:
         return vectors
     if dimensions not in model.dimensions:
@@ -85,6 +97,8 @@ def matryoshka(model: ServedModel, vectors: np.ndarray, dimensions: int | None, 
         raise APIError(400, f"model {model.name!r} does not support {field}={dimensions}: it declares {declared}",
                        field)
     cut = vectors[:, :dimensions]
+    if not (model.use_activation if use_activation is None else use_activation):
+        return cut
     return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)
 
 
