@@ -14,7 +14,7 @@ from tiny_models import build
 
 from pooltriton.contract.config import parse_config
 from pooltriton.core.capabilities import detect
-from pooltriton.core.resolve import resolve
+from pooltriton.core.resolve import ResolutionError, resolve
 from pooltriton.core.runtimes import (
     INT8_ACTIVATION_GROUPS,
     RUNTIMES,
@@ -37,6 +37,7 @@ from pooltriton.export.quantize import (
     smoothing_scales,
 )
 from pooltriton.export.reference import load_reference
+from pooltriton.export.tokens import check_tokenization
 from pooltriton.export.verify import (
     MEAN_COSINE,
     MIN_COSINE,
@@ -419,3 +420,21 @@ def test_every_generated_config_is_valid_triton_configuration() -> None:
         config = parse_config(path)
         assert config.name == path.parent.name
         assert config.backend or config.platform == "ensemble", path
+
+
+def test_a_model_its_library_tokenizes_otherwise_is_refused_before_export(tmp_path: Path) -> None:
+    """Verification feeds both sides the same ids, so only this check sees a tokenizer.json that is not
+    what sentence-transformers runs: here its lowercasing lives in sentence_bert_config.json
+    (do_lower_case), which tokenizer.json does not carry, so "Hello" would be served as an unknown word."""
+    folder = build(tmp_path / "models", "bert", "embed", sentence_transformers_pooling="mean_tokens")
+    config = resolve(folder)
+    assert check_tokenization(folder, TextTokenizer(str(folder / "tokenizer.json"), config.max_length), config) > 0
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    tokenizer["normalizer"] = None
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    st_config = json.loads((folder / "sentence_bert_config.json").read_text())
+    (folder / "sentence_bert_config.json").write_text(json.dumps({**st_config, "do_lower_case": True}))
+    out = tmp_path / "repository"
+    with pytest.raises(ResolutionError, match=r"sentence-transformers turns 'Hello WORLD.*other token ids.*differ"):
+        export_model(folder, ExportOptions(name="lowered", out=out, runtime="onnx"))
+    assert not out.exists() or not any(out.iterdir())

@@ -322,7 +322,8 @@ def test_cancel_on_disconnect_cancels_only_for_a_client_gone() -> None:
 
 def test_embedding_routes_serve_only_embedding_models(http, fake) -> None:
     """A classifier's probabilities are not embeddings: 400 naming the route that serves it (vLLM's answer)."""
-    for path, body in (("/v1/embeddings", {"model": "cls", "input": "x"}), ("/v2/embed", {"model": "cls", "texts": ["x"]})):
+    for path, body in (("/v1/embeddings", {"model": "cls", "input": "x"}),
+                       ("/v2/embed", {"model": "cls", "texts": ["x"]})):
         response = http.post(path, json=body)
         assert response.status_code == 400 and "is classify, not embed" in response.json()["error"]["message"]
         assert "use /classify" in response.json()["error"]["message"]

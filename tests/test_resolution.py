@@ -50,6 +50,10 @@ POOLING_TABLE = [
      ("task-default", "task-default")),
     ("XLMRobertaModel", "xlm-roberta", None, False, {"pooling_type": "LAST"}, "embed", "LAST", True,
      ("explicit", "task-default")),
+    # A Pooling config that names no mode (or sets every one false) pools by the mean, as the library does.
+    ("BertModel", "bert", {}, True, {}, "embed", "MEAN", True, ("sentence-transformers", "sentence-transformers")),
+    ("Qwen2Model", "qwen2", {"pooling_mode_cls_token": False, "pooling_mode_mean_tokens": False}, True, {}, "embed",
+     "MEAN", True, ("sentence-transformers", "sentence-transformers")),
 ]
 
 
@@ -131,3 +135,18 @@ def test_export_of_an_unservable_task_fails_at_export(tmp_path) -> None:
                              "--name", "x", "--out", str(tmp_path / "repo")], capture_output=True, text=True)
     assert result.returncode == 2 and "no classification head" in result.stderr
     assert not (tmp_path / "repo").exists()
+
+
+def test_sentence_transformers_settings_the_export_cannot_reproduce_are_refused(tmp_path) -> None:
+    """Served as they stand they would be other vectors than the library's: a Normalize before a Dense (the
+    export normalises the final vector only) and truncate_dim (the library cuts every vector)."""
+    folder = model_dir(tmp_path, "BertModel", "bert", st_pooling={"pooling_mode": "mean"}, normalize=True)
+    modules = json.loads((folder / "modules.json").read_text())
+    dense = {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}
+    (folder / "modules.json").write_text(json.dumps([*modules, dense]))
+    with pytest.raises(ResolutionError, match="Normalize before the Dense"):
+        resolve(folder)
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({"truncate_dim": 128}))
+    with pytest.raises(ResolutionError, match="truncate_dim 128"):
+        resolve(folder)

@@ -222,18 +222,23 @@ def st_pooling_type(pooling: dict[str, Any]) -> PoolingType | None:
     unsupported = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v and k not in _ST_BOOLEAN_MODES]
     if unsupported:
         raise ResolutionError(f"sentence-transformers pooling modes {unsupported} are not supported")
-    return chosen[0] if chosen else None
+    # A Pooling config that names no mode pools by the mean, as sentence-transformers' Pooling does.
+    return chosen[0] if chosen else PoolingType.MEAN
 
 
 def st_dense_layers(files: ModelFiles) -> tuple[str, ...]:
     """The folders of the Dense modules after Pooling, in order; any module the export cannot reproduce
     is refused by name."""
-    dense = []
+    dense, normalized = [], False
     for module in files.modules or ():
         kind = module.get("type", "").rsplit(".", 1)[-1]
         if kind not in _ST_MODULES:
             raise ResolutionError(f"sentence-transformers module {module.get('type')!r} ({module.get('path')}) is "
                                   f"not supported; supported modules: {', '.join(_ST_MODULES)}")
+        if normalized:  # the export normalises the final vector only
+            raise ResolutionError(f"a sentence-transformers Normalize before the {kind} module "
+                                  f"({module.get('path')}) is not supported: only a Normalize last")
+        normalized = kind == "Normalize"
         if kind == "Dense":
             dense.append(str(module.get("path", "")))
     return tuple(dense)
@@ -351,7 +356,7 @@ def _resolve_pooling(files: ModelFiles, task: Task, pooling_type: PoolingType | 
                      sources: dict[str, str]) -> PoolingType:
     """Explicit > token tasks' ALL > sentence-transformers > the classifier's config > the architecture's."""
     model_type = files.hf.get("model_type", "")
-    st_type = st_pooling_type(files.st_pooling) if files.st_pooling else None
+    st_type = st_pooling_type(files.st_pooling) if files.st_pooling is not None else None
     if pooling_type is not None:
         resolved, sources["pooling_type"] = PoolingType(pooling_type), EXPLICIT
     elif task.per_token:
@@ -413,6 +418,11 @@ def _resolve_activation(files: ModelFiles, task: Task, num_labels: int | None, u
 def _prompts(files: ModelFiles, task: Task) -> dict[str, Any]:
     """Embedding prompts as sentence-transformers keeps them; a default must name one of them."""
     st = files.st_config or {}
+    if task.is_embedding and st.get("truncate_dim") is not None:
+        # sentence-transformers cuts every vector to it (after Normalize, without re-normalising).
+        raise ResolutionError(f"truncate_dim {st['truncate_dim']} in config_sentence_transformers.json is not "
+                              "supported: remove it and export with --matryoshka-dimensions to serve the cut "
+                              "vectors on request (dimensions), re-normalised")
     prompts = {str(k): str(v) for k, v in (st.get("prompts") or {}).items()} if task.is_embedding else {}
     default = st.get("default_prompt_name") if prompts else None
     if default is not None and default not in prompts:

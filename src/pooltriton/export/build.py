@@ -197,6 +197,7 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     from pooltriton.core.tokenization import TextTokenizer
     from pooltriton.export.encoder import load_encoder, output_width
     from pooltriton.export.memory import encoder_memory
+    from pooltriton.export.tokens import check_tokenization
     from pooltriton.export.verify import VerificationError
 
     requested = options
@@ -215,10 +216,12 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
             raise ResolutionError(f"--precision int8 serves embedding models (its bounds are cosine and "
                                   f"retrieval neighbours), not {config.task.value}")
         runtime, options = _auto_without_int8(requested, "int8 serves embedding models only")
+    tokenizer = TextTokenizer(str(tokenizer_file), config.max_length)
+    # Verification feeds both sides the same ids: that they are the library's is checked here, first.
+    check_tokenization(model_dir, tokenizer, config, options.trust_remote_code)
     progress(f"loading {config.architecture} ({config.task.value}, {config.pooling_type.value} pooling)")
     encoder = load_encoder(model_dir, config, options.allow_pickle, options.trust_remote_code)
     width = output_width(encoder, config)
-    tokenizer = TextTokenizer(str(tokenizer_file), config.max_length)
     out = Path(options.out)
     names = stages(options.name)
     try:
