@@ -429,6 +429,9 @@ def test_a_model_its_library_tokenizes_otherwise_is_refused_before_export(tmp_pa
     folder = build(tmp_path / "models", "bert", "embed", sentence_transformers_pooling="mean_tokens")
     config = resolve(folder)
     assert check_tokenization(folder, TextTokenizer(str(folder / "tokenizer.json"), config.max_length), config) > 0
+    # A shorter limit the user chose (--max-length) is no difference: what it cuts is not compared.
+    short = resolve(folder, max_length=8)
+    assert check_tokenization(folder, TextTokenizer(str(folder / "tokenizer.json"), 8), short) > 0
     tokenizer = json.loads((folder / "tokenizer.json").read_text())
     tokenizer["normalizer"] = None
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
