@@ -353,3 +353,15 @@ def test_a_cut_vector_is_renormalised_only_where_the_answer_was_activated(http, 
     with TestClient(create_app("unused:0", client=fake)) as client:
         cut = client.post("/v1/embeddings", json={"model": "emb", "input": "ab", "dimensions": 2}).json()
     assert cut["data"][0]["embedding"] == [2.0, 3.0]
+
+
+def test_classify_and_pooling_take_token_ids_and_pooling_checks_its_task(http, fake) -> None:
+    http.post("/classify", json={"model": "cls", "input": [[7, 8], [9]]})
+    assert fake.requests[-1].parameters == {"input_format": "token_ids"} and fake.requests[-1].inputs[TEXT] == [
+        "[7, 8]", "[9]"]
+    pooled = http.post("/pooling", json={"model": "emb", "input": [5, 6], "task": "embed"})
+    assert pooled.status_code == 200 and fake.requests[-1].parameters == {"input_format": "token_ids"}
+    wrong = http.post("/pooling", json={"model": "emb", "input": "x", "task": "token_classify"})
+    assert wrong.status_code == 400 and "is embed, not token_classify" in wrong.json()["error"]["message"]
+    body = http.post("/v1/embeddings", json={"model": "emb", "input": "x"}).json()
+    assert body["id"].startswith("embd-") and body["created"] > 0

@@ -55,9 +55,9 @@ from pooltriton.gateway.serving import (
     JSON,
     Serving,
     as_texts,
-    as_token_ids,
     base64_vector,
     cohere_encode,
+    encode_inputs,
     matryoshka,
     usage,
 )
@@ -96,20 +96,16 @@ async def list_models(request: Request):
 async def embeddings(body: EmbeddingRequest, request: Request):
     serving, service = _serving(request)
     model = await serving.model(body.model, "embed")
-    parameters = body.parameters()
-    token_rows = as_token_ids(body.input)
-    if token_rows is not None:
-        texts = [json.dumps(row) for row in token_rows]
-        parameters["input_format"] = "token_ids"
-    else:
-        texts = as_texts(body.input)
-    pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **parameters))
+    texts, input_format = encode_inputs(body.input)
+    pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **body.parameters(),
+                                          **input_format))
     vectors = matryoshka(model, pooled.values, body.dimensions, "dimensions", body.use_activation)
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     data = [{"object": "embedding", "index": i,
              "embedding": base64_vector(v) if body.encoding_format == "base64" else v}
             for i, v in enumerate(vectors)]
-    return JSON({"object": "list", "data": data, "model": model.name, "usage": usage(pooled.tokens)})
+    return JSON({"id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model.name,
+                 "data": data, "usage": usage(pooled.tokens)})
 
 
 @router.post("/v2/embed")
@@ -129,8 +125,9 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request):
 async def classify(body: ClassifyRequest, request: Request):
     serving, service = _serving(request)
     model = await serving.model(body.model, "classify")
-    pooled = await serving(service.encode(as_texts(body.input), model=model.name, priority=body.priority,
-                                          **body.parameters()))
+    texts, input_format = encode_inputs(body.input)
+    pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **body.parameters(),
+                                          **input_format))
     data = [{"index": i, "label": model.labels[int(p.argmax())] if model.labels else int(p.argmax()),
              "probs": p.tolist(), "num_classes": len(p)} for i, p in enumerate(pooled.values)]
     return JSON({"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
@@ -173,9 +170,10 @@ for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
 @router.post("/pooling")
 async def pooling(body: PoolingRequest, request: Request):
     serving, service = _serving(request)
-    model = await serving.model(body.model)
-    pooled = await serving(service.encode(as_texts(body.input), model=model.name, priority=body.priority,
-                                          **body.parameters()))
+    model = await serving.model(body.model, body.task)
+    texts, input_format = encode_inputs(body.input)
+    pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **body.parameters(),
+                                          **input_format))
     return JSON({"id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                  "model": model.name, "data": [{"index": i, "object": "pooling", "data": np.asarray(v).tolist()}
                                                for i, v in enumerate(pooled.values)],

@@ -75,7 +75,7 @@ class CohereEmbedRequest(BaseModel):
 
 
 class ClassifyRequest(Options):
-    input: str | list[str]
+    input: str | list[str] | list[int] | list[list[int]]
 
 
 class ScoreRequest(Options):
@@ -91,7 +91,9 @@ class RerankRequest(Options):
 
 
 class PoolingRequest(Options):
-    input: str | list[str]
+    input: str | list[str] | list[int] | list[list[int]]
+    # vLLM's: the task the caller expects of the model (refused with 400 where the model serves another).
+    task: Literal["embed", "classify", "token_embed", "token_classify"] | None = None
 
 
 class TokenizeRequest(BaseModel):

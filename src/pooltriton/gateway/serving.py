@@ -4,6 +4,7 @@ errors mean in HTTP, and the encodings of the answers (vLLM keeps this layer as 
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -75,6 +76,15 @@ def as_texts(value: Any, field: str = "input") -> list[str]:
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return list(value)
     raise APIError(400, f"{field}: token-id input is not supported by this server yet; send text", field)
+
+
+def encode_inputs(value: Any) -> tuple[list[str], dict[str, Any]]:
+    """A body's `input` as the service's texts and the parameters they need: text, or OpenAI's and vLLM's
+    pre-tokenised ids (each row travels as its JSON list, read by the tokenizer stage)."""
+    token_rows = as_token_ids(value)
+    if token_rows is not None:
+        return [json.dumps(row) for row in token_rows], {"input_format": "token_ids"}
+    return as_texts(value), {}
 
 
 def as_token_ids(value: Any) -> list[list[int]] | None:
