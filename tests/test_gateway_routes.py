@@ -3,6 +3,7 @@ request layer, and how answers, usage and errors come back. The live-server test
 
 from __future__ import annotations
 
+import base64
 import json
 
 import numpy as np
@@ -24,6 +25,7 @@ from pooltriton.contract import (
 )
 from pooltriton.contract.requests import TritonRequest, text_array
 from pooltriton.gateway import create_app
+from pooltriton.gateway.serving import base64_vector
 
 WIDTH = 4
 
@@ -365,3 +367,41 @@ def test_classify_and_pooling_take_token_ids_and_pooling_checks_its_task(http, f
     assert wrong.status_code == 400 and "is embed, not token_classify" in wrong.json()["error"]["message"]
     body = http.post("/v1/embeddings", json={"model": "emb", "input": "x"}).json()
     assert body["id"].startswith("embd-") and body["created"] > 0
+
+
+def test_score_takes_each_of_vllms_pairs_of_fields_and_only_one(http) -> None:
+    for first, second in (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2")):
+        body = http.post("/score", json={"model": "emb", first: "q", second: ["a", "bb"]})
+        assert body.status_code == 200 and len(body.json()["data"]) == 2, (first, body.text)
+    for payload in ({"model": "emb", "queries": "q"}, {"model": "emb", "text_1": "q", "text_2": "d", "queries": "q",
+                                                        "documents": "d"}):
+        refused = http.post("/score", json=payload)
+        assert refused.status_code == 400 and "exactly one pair" in refused.json()["error"]["message"]
+
+
+def test_cohere_input_type_max_tokens_and_priority_reach_triton(http, fake) -> None:
+    http.post("/v2/embed", json={"model": "emb", "texts": ["x"], "input_type": "query", "truncate": "START",
+                                 "max_tokens": 5, "priority": -3})
+    request = fake.requests[-1]
+    assert request.parameters == {"truncate": "START", "max_tokens": 5, "prompt_name": "query"}
+    assert request.priority == 1
+    http.post("/v2/embed", json={"model": "emb", "texts": ["x"], "truncate": "NONE", "max_tokens": 5})
+    assert fake.requests[-1].parameters == {"max_tokens": 5}  # over 5 tokens refused by the tokenizer stage
+
+
+@pytest.mark.parametrize(("dtype", "endianness", "numpy_type"), [
+    ("float32", "native", "=f4"), ("float32", "big", ">f4"), ("float16", "little", "<f2"), ("float16", "big", ">f2")])
+def test_base64_embed_dtype_and_endianness(http, dtype, endianness, numpy_type) -> None:
+    body = http.post("/v1/embeddings", json={"model": "emb", "input": "abc", "encoding_format": "base64",
+                                             "embed_dtype": dtype, "endianness": endianness}).json()
+    decoded = np.frombuffer(base64.b64decode(body["data"][0]["embedding"]), dtype=numpy_type)
+    assert decoded.tolist() == [3.0, 4.0, 5.0, 6.0]
+
+
+def test_base64_bfloat16_is_the_rounded_upper_half_of_float32() -> None:
+    import torch
+
+    values = np.array([1.0, -2.5, 3.14159265, 1e-3, 65504.0, 0.1], dtype=np.float32)
+    got = np.frombuffer(base64.b64decode(base64_vector(values, "bfloat16", "little")), dtype="<u2")
+    expected = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert got.tolist() == expected.tolist()

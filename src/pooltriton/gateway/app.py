@@ -102,7 +102,8 @@ async def embeddings(body: EmbeddingRequest, request: Request):
     vectors = matryoshka(model, pooled.values, body.dimensions, "dimensions", body.use_activation)
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     data = [{"object": "embedding", "index": i,
-             "embedding": base64_vector(v) if body.encoding_format == "base64" else v}
+             "embedding": base64_vector(v, body.embed_dtype, body.endianness) if body.encoding_format == "base64"
+             else v}
             for i, v in enumerate(vectors)]
     return JSON({"id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model.name,
                  "data": data, "usage": usage(pooled.tokens)})
@@ -112,8 +113,8 @@ async def embeddings(body: EmbeddingRequest, request: Request):
 async def cohere_embed(body: CohereEmbedRequest, request: Request):
     serving, service = _serving(request)
     model = await serving.model(body.model, "embed")
-    parameters = {} if body.truncate == "NONE" else {"truncate": body.truncate}
-    pooled = await serving(service.encode(body.texts, model=model.name, **parameters))
+    pooled = await serving(service.encode(body.texts, model=model.name, priority=body.priority,
+                                          **body.parameters()))
     vectors = matryoshka(model, pooled.values, body.output_dimension, "output_dimension")
     embeddings = {kind: cohere_encode(vectors, kind) for kind in dict.fromkeys(body.embedding_types)}
     return JSON({"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": body.texts,
@@ -137,7 +138,8 @@ async def classify(body: ClassifyRequest, request: Request):
 async def score_route(body: ScoreRequest, request: Request):
     serving, service = _serving(request)
     model = await serving.model(body.model)
-    queries, documents = as_texts(body.text_1, "text_1"), as_texts(body.text_2, "text_2")
+    (first, left), (second, right) = body.pair()
+    queries, documents = as_texts(left, first), as_texts(right, second)
     pooled = await serving(service.score(queries, documents, model=model.name, priority=body.priority,
                                          **body.parameters()))
     return {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 
 class APIError(Exception):
@@ -54,6 +54,9 @@ class Options(BaseModel):
 class EmbeddingRequest(Options):
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
+    # vLLM's: base64's element type and byte order (bfloat16 rounded from float32 as torch rounds it).
+    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    endianness: Literal["native", "big", "little"] = "native"
     dimensions: int | None = Field(None, gt=0)
     # One of the model's sentence-transformers prompts (text-embeddings-inference's name).
     prompt_name: str | None = Field(None, max_length=200)
@@ -68,10 +71,21 @@ class EmbeddingRequest(Options):
 class CohereEmbedRequest(BaseModel):
     model: str | None = None
     texts: list[str]
-    input_type: str | None = None
+    # One of the model's prompts (sentence-transformers' prompts by name), as vLLM maps it; else 400.
+    input_type: str | None = Field(None, max_length=200)
     embedding_types: list[Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]] = ["float"]
     output_dimension: int | None = Field(None, gt=0)
     truncate: Literal["NONE", "START", "END"] = "END"
+    max_tokens: int | None = Field(None, gt=0)  # NONE: longer texts refused; START/END: cut to it
+    priority: int = Field(0, ge=-1000, le=1000)
+
+    def parameters(self) -> dict[str, Any]:
+        parameters: dict[str, Any] = {} if self.truncate == "NONE" else {"truncate": self.truncate}
+        if self.max_tokens is not None:
+            parameters["max_tokens"] = self.max_tokens
+        if self.input_type is not None:
+            parameters["prompt_name"] = self.input_type
+        return parameters
 
 
 class ClassifyRequest(Options):
@@ -79,8 +93,33 @@ class ClassifyRequest(Options):
 
 
 class ScoreRequest(Options):
-    text_1: str | list[str]
-    text_2: str | list[str]
+    """vLLM's pairs of fields, any one of them: queries/documents (its canonical names), queries/items,
+    data_1/data_2, text_1/text_2."""
+
+    queries: str | list[str] | None = None
+    documents: str | list[str] | None = None
+    items: str | list[str] | None = None
+    data_1: str | list[str] | None = None
+    data_2: str | list[str] | None = None
+    text_1: str | list[str] | None = None
+    text_2: str | list[str] | None = None
+
+    def _given(self) -> list[tuple[str, str]]:
+        return [(a, b) for a, b in SCORE_PAIRS if getattr(self, a) is not None and getattr(self, b) is not None]
+
+    @model_validator(mode="after")
+    def _one_pair(self) -> ScoreRequest:
+        if len(self._given()) != 1:
+            raise ValueError(f"send exactly one pair of {', '.join(f'{a}/{b}' for a, b in SCORE_PAIRS)}")
+        return self
+
+    def pair(self) -> tuple[tuple[str, Any], tuple[str, Any]]:
+        """(name, value) of the two sides given."""
+        first, second = self._given()[0]
+        return (first, getattr(self, first)), (second, getattr(self, second))
+
+
+SCORE_PAIRS = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2"))
 
 
 class RerankRequest(Options):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -116,8 +117,17 @@ def usage(tokens: int) -> dict[str, int]:
     return {"prompt_tokens": tokens, "total_tokens": tokens}
 
 
-def base64_vector(vector: np.ndarray) -> str:
-    return base64.b64encode(vector.astype(np.float32).tobytes()).decode()
+def base64_vector(vector: np.ndarray, dtype: str = "float32", endianness: str = "native") -> str:
+    """OpenAI's base64 (float32, this machine's byte order), or vLLM's embed_dtype and endianness."""
+    values = vector.astype(np.float32)
+    if dtype == "float16":
+        values = values.astype(np.float16)
+    elif dtype == "bfloat16":  # the upper half of float32, rounded to nearest even as torch casts
+        bits = values.view(np.uint32)
+        values = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    if endianness != "native" and endianness != sys.byteorder:
+        values = values.byteswap()
+    return base64.b64encode(values.tobytes()).decode()
 
 
 def cohere_encode(vectors: np.ndarray, kind: str) -> list:
