@@ -405,3 +405,12 @@ def test_base64_bfloat16_is_the_rounded_upper_half_of_float32() -> None:
     got = np.frombuffer(base64.b64decode(base64_vector(values, "bfloat16", "little")), dtype="<u2")
     expected = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     assert got.tolist() == expected.tolist()
+
+
+def test_older_vllm_activation_names_are_honoured_and_special_tokens_cannot_be_dropped(http, fake) -> None:
+    http.post("/v1/embeddings", json={"model": "emb", "input": "x", "normalize": False})
+    assert fake.requests[-1].parameters == {"use_activation": False}
+    http.post("/classify", json={"model": "cls", "input": "x", "softmax": False, "use_activation": True})
+    assert fake.requests[-1].parameters == {"use_activation": True}  # the current name wins
+    refused = http.post("/v1/embeddings", json={"model": "emb", "input": "x", "add_special_tokens": False})
+    assert refused.status_code == 400 and "add_special_tokens" in refused.json()["error"]["message"]

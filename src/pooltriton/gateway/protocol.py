@@ -35,8 +35,24 @@ class Options(BaseModel):
     truncate_prompt_tokens: int | None = Field(None, ge=-1, le=1_000_000)
     truncation_side: Literal["left", "right"] | None = None
     use_activation: bool | None = None
+    # Older vLLM's names for use_activation (embed: normalize; classify: softmax, activation): honoured
+    # where use_activation is not given, not dropped (raw vectors asked for must not come back normalised).
+    normalize: bool | None = None
+    softmax: bool | None = None
+    activation: bool | None = None
+    add_special_tokens: bool = True  # vLLM's; false is refused, the stages always add them
     priority: int = Field(0, ge=-1000, le=1000)
     user: str | None = None
+
+    @model_validator(mode="after")
+    def _legacy(self) -> Options:
+        if not self.add_special_tokens:
+            raise ValueError("add_special_tokens false is not supported for pooling: the model reads its "
+                             "special tokens")
+        if self.use_activation is None:
+            self.use_activation = next((v for v in (self.normalize, self.softmax, self.activation) if v is not None),
+                                       None)
+        return self
 
     def parameters(self) -> dict[str, Any]:
         """vLLM: truncate_prompt_tokens k keeps the last k tokens (left side unless truncation_side
