@@ -186,6 +186,7 @@ def test_api_key(fake) -> None:
         right = client.post("/v1/embeddings", json={"model": "emb", "input": "x"},
                             headers={"authorization": "Bearer s3cret"})
         assert right.status_code == 200 and client.get("/health").status_code == 200
+        assert client.get("/ping").status_code == 200 and client.get("/version").status_code == 401
 
 
 def test_unavailable_from_a_server_that_is_not_ready_is_503(http, fake) -> None:
@@ -414,3 +415,10 @@ def test_older_vllm_activation_names_are_honoured_and_special_tokens_cannot_be_d
     assert fake.requests[-1].parameters == {"use_activation": True}  # the current name wins
     refused = http.post("/v1/embeddings", json={"model": "emb", "input": "x", "add_special_tokens": False})
     assert refused.status_code == 400 and "add_special_tokens" in refused.json()["error"]["message"]
+
+
+def test_ping_and_version(http, fake) -> None:
+    assert http.get("/ping").json() == {"status": "ok"} and http.post("/ping").status_code == 200
+    fake.server.ready = False
+    assert http.get("/ping").status_code == 503
+    assert http.get("/version").json()["version"] == "0.1.0"

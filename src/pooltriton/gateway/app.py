@@ -83,6 +83,28 @@ async def health(request: Request):
     return {"status": "ok"}
 
 
+@router.get("/ping")
+@router.post("/ping")
+async def ping(request: Request):
+    """SageMaker's health check, as vLLM serves it: /health's answer."""
+    return await health(request)
+
+
+@router.get("/version")
+async def version():
+    return {"version": _version()}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("pooltriton")
+    except PackageNotFoundError:  # pragma: no cover - run from a source tree without installing
+        return "unknown"
+
+
 @router.get("/v1/models")
 async def list_models(request: Request):
     serving, service = _serving(request)

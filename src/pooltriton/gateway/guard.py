@@ -15,6 +15,8 @@ from typing import Any
 from starlette.datastructures import MutableHeaders
 from starlette.responses import JSONResponse
 
+# Health checks (Kubernetes probes, SageMaker's /ping) carry no API key.
+OPEN_PATHS = frozenset({"/health", "/ping"})
 
 class Guard:
     def __init__(self, app: Any, api_key: str | None, observe: Callable[[dict, int, float], None],
@@ -27,7 +29,7 @@ class Guard:
             await self.app(scope, receive, send)
             return
         started = time.monotonic()
-        if self.expected is not None and scope["path"] != "/health":
+        if self.expected is not None and scope["path"] not in OPEN_PATHS:
             given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
             if not hmac.compare_digest(given, self.expected):  # constant time
                 body = self.error_body(401, "missing or wrong API key (Authorization: Bearer ...)",
