@@ -306,5 +306,8 @@ def test_gateway_classify_and_cross_encoder_rerank(served, tiny_root: Path) -> N
                           timeout=60).json()
         np.testing.assert_allclose(np.array([d["embedding"] for d in body["data"]]), normalize(full[:, :16]),
                                    atol=1e-5)
+        # The same cut from the Python client: one service under both.
+        np.testing.assert_allclose(client.embed(texts, model="bert_cls", dimensions=16), normalize(full[:, :16]),
+                                   atol=1e-5)
         refused = httpx.post(f"{url}/v1/embeddings", json={"model": "bert_cls", "input": texts, "dimensions": 8})
         assert refused.status_code == 400 and "only [16]" in refused.json()["error"]["message"]

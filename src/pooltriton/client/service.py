@@ -316,15 +316,19 @@ class PoolingService:
 
     # ---- tasks -----------------------------------------------------------------------------------
     async def encode(self, texts: str | Sequence[str], *, model: str | None = None, task: str | None = None,
-                     pairs: Sequence[str] | None = None, priority: int = 0,
+                     pairs: Sequence[str] | None = None, priority: int = 0, dimensions: int | None = None,
                      **options: Any) -> Pooled[np.ndarray | list[np.ndarray]]:
         """vLLM's `encode(task=...)`: [n, C] for sequence tasks, per text [tokens_i, C] for token tasks;
         requests of at most `max_batch` texts sent concurrently and reassembled in order. `priority` is
-        vLLM's (lower runs earlier, 0 default), mapped to Triton's levels."""
+        vLLM's (lower runs earlier, 0 default), mapped to Triton's levels; `dimensions`: embeddings cut to
+        one of the model's Matryoshka sizes (vLLM's and OpenAI's option)."""
         info = await self.info(model)
         if task is not None and info.task and task != info.task:
             raise RequestError(f"model {info.name!r} serves task {info.task!r}, not {task!r} (one task per model)",
                                "model")
+        if dimensions is not None and info.task != "embed":
+            raise RequestError(f"dimensions applies to embeddings, and model {info.name!r} is {info.task}",
+                               "dimensions")
         try:
             requests = protocol.encode_requests(
                 info.name, info.outputs, protocol.as_texts(texts), None if pairs is None else list(pairs), options,
@@ -335,7 +339,13 @@ class PoolingService:
         async with self._admitted(info.name, [*protocol.as_texts(texts), *(pairs or ())]) as answered:
             results = await asyncio.gather(*(infer(r) for r in requests))
             answered.append(protocol.prompt_tokens(results))
-        return Pooled(protocol.reassemble(info.outputs, results), protocol.prompt_tokens(results))
+        values = protocol.reassemble(info.outputs, results)
+        if dimensions is not None:
+            try:
+                values = protocol.matryoshka(info, values, dimensions, options.get("use_activation"))
+            except ValueError as error:
+                raise RequestError(str(error), "dimensions") from None
+        return Pooled(values, protocol.prompt_tokens(results))
 
     async def score(self, query: str | Sequence[str], documents: str | Sequence[str], *, model: str | None = None,
                     priority: int = 0, **options: Any) -> Pooled[np.ndarray]:

@@ -97,7 +97,8 @@ class AsyncPoolingClient:
 
     async def embed(self, texts: str | Sequence[str], *, model: str | None = None, **options: Any) -> np.ndarray:
         """One vector per text, [n, dim] float32. `truncate`: None/"NONE" rejects over-length texts
-        with an error naming the limit; "END" or "START" cuts them to the model's limit."""
+        with an error naming the limit; "END" or "START" cuts them to the model's limit. `dimensions`:
+        cut to one of the model's Matryoshka sizes."""
         return await self.encode(texts, model=model, **options)
 
     async def classify(self, texts: str | Sequence[str], *, model: str | None = None,

@@ -158,6 +158,22 @@ def encode_requests(model: str, outputs: Sequence[str], texts: Sequence[str], pa
     return requests
 
 
+def matryoshka(model: ModelInfo, vectors: np.ndarray, dimensions: int | None,
+               use_activation: bool | None = None) -> np.ndarray:
+    """Embeddings cut to one of the model's Matryoshka `dimensions` (None or the full width: as they are),
+    re-normalised where they were normalised (vLLM: the request's use_activation, else the model's);
+    ValueError for a size the model does not declare."""
+    if dimensions is None or dimensions == vectors.shape[1]:
+        return vectors
+    if dimensions not in model.dimensions:
+        declared = f"only {list(model.dimensions)}" if model.dimensions else "no Matryoshka dimensions"
+        raise ValueError(f"model {model.name!r} does not support dimensions={dimensions}: it declares {declared}")
+    cut = vectors[:, :dimensions]
+    if not (model.use_activation if use_activation is None else use_activation):
+        return cut
+    return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)
+
+
 def reassemble(outputs: Sequence[str], results: Sequence[dict[str, np.ndarray]]) -> np.ndarray | list[np.ndarray]:
     """The answers of encode_requests' requests, in their order: [n, C], or per text [tokens_i, C]."""
     if TOKEN_COUNTS in outputs:

@@ -58,7 +58,6 @@ from pooltriton.gateway.serving import (
     base64_vector,
     cohere_encode,
     encode_inputs,
-    matryoshka,
     usage,
 )
 
@@ -120,9 +119,8 @@ async def embeddings(body: EmbeddingRequest, request: Request):
     model = await serving.model(body.model, "embed")
     texts, input_format = encode_inputs(body.input)
     pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **body.parameters(),
-                                          **input_format))
-    vectors = matryoshka(model, pooled.values, body.dimensions, "dimensions", body.use_activation)
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+                                          dimensions=body.dimensions, **input_format))
+    vectors = np.ascontiguousarray(pooled.values, dtype=np.float32)
     data = [{"object": "embedding", "index": i,
              "embedding": base64_vector(v, body.embed_dtype, body.endianness) if body.encoding_format == "base64"
              else v}
@@ -136,8 +134,8 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request):
     serving, service = _serving(request)
     model = await serving.model(body.model, "embed")
     pooled = await serving(service.encode(body.texts, model=model.name, priority=body.priority,
-                                          **body.parameters()))
-    vectors = matryoshka(model, pooled.values, body.output_dimension, "output_dimension")
+                                          dimensions=body.output_dimension, **body.parameters()))
+    vectors = pooled.values
     embeddings = {kind: cohere_encode(vectors, kind) for kind in dict.fromkeys(body.embedding_types)}
     return JSON({"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": body.texts,
                  "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": pooled.tokens}},

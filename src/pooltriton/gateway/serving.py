@@ -97,22 +97,6 @@ def as_token_ids(value: Any) -> list[list[int]] | None:
     return None
 
 
-def matryoshka(model: ServedModel, vectors: np.ndarray, dimensions: int | None, field: str,
-               use_activation: bool | None = None) -> np.ndarray:
-    """The vectors cut to `dimensions`, re-normalised where they were normalised (vLLM: the request's
-    use_activation, else the model's)."""
-    if dimensions is None or dimensions == vectors.shape[1]:
-        return vectors
-    if dimensions not in model.dimensions:
-        declared = f"only {list(model.dimensions)}" if model.dimensions else "no Matryoshka dimensions"
-        raise APIError(400, f"model {model.name!r} does not support {field}={dimensions}: it declares {declared}",
-                       field)
-    cut = vectors[:, :dimensions]
-    if not (model.use_activation if use_activation is None else use_activation):
-        return cut
-    return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)
-
-
 def usage(tokens: int) -> dict[str, int]:
     return {"prompt_tokens": tokens, "total_tokens": tokens}
 
