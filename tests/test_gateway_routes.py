@@ -422,3 +422,14 @@ def test_ping_and_version(http, fake) -> None:
     fake.server.ready = False
     assert http.get("/ping").status_code == 503
     assert http.get("/version").json()["version"] == "0.1.0"
+
+
+def test_cohere_binary_types_pack_non_negative_components_as_ones() -> None:
+    from pooltriton.gateway.protocol import APIError
+    from pooltriton.gateway.serving import cohere_encode
+
+    vectors = np.array([[0.0, -0.5, 0.25, -0.0, 1.0, -1.0, 0.0, 0.1]], dtype=np.float32)
+    assert cohere_encode(vectors, "ubinary") == [[0b10111011]]
+    assert cohere_encode(vectors, "binary") == [[0b10111011 - 128]]
+    with pytest.raises(APIError, match="not divisible by 8"):
+        cohere_encode(vectors[:, :6], "binary")

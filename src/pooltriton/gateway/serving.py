@@ -116,7 +116,8 @@ def base64_vector(vector: np.ndarray, dtype: str = "float32", endianness: str = 
 
 def cohere_encode(vectors: np.ndarray, kind: str) -> list:
     """Cohere's embedding types. int8/uint8 scale unit-vector components by 127; binary types pack
-    the sign bits 8 per byte (binary: signed, ubinary: unsigned)."""
+    the sign bits 8 per byte, 1 for a component >= 0 (binary: signed, ubinary: unsigned), as vLLM packs
+    them, and need a dimension divisible by 8."""
     if kind == "float":
         return vectors.tolist()
     if kind == "base64":
@@ -124,7 +125,10 @@ def cohere_encode(vectors: np.ndarray, kind: str) -> list:
     if kind in ("int8", "uint8"):
         scaled = np.clip(np.round(vectors * 127), -128, 127).astype(np.int64)
         return (scaled + (128 if kind == "uint8" else 0)).tolist()
-    packed = np.packbits(vectors > 0, axis=1).astype(np.int64)
+    if vectors.shape[1] % 8:
+        raise APIError(400, f"embedding type {kind} packs 8 components per byte: the dimension {vectors.shape[1]} "
+                       "is not divisible by 8", "embedding_types")
+    packed = np.packbits(vectors >= 0, axis=1).astype(np.int64)
     return (packed - 128 if kind == "binary" else packed).tolist()
 
 
