@@ -441,3 +441,20 @@ def test_a_model_its_library_tokenizes_otherwise_is_refused_before_export(tmp_pa
     with pytest.raises(ResolutionError, match=r"sentence-transformers turns 'Hello WORLD.*other token ids.*differ"):
         export_model(folder, ExportOptions(name="lowered", out=out, runtime="onnx"))
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_tokenizer_that_cuts_the_other_side_is_refused(tmp_path: Path) -> None:
+    """MiniLM whose tokenizer_config keeps the end of a long text (truncation_side left): the library reads
+    another text than the export's tokenizer, which keeps its start (the check's texts need real words)."""
+    folder = tmp_path / "minilm"
+    shutil.copytree(minilm_path(), folder)
+    config = resolve(folder)
+    tokenizer = TextTokenizer(str(folder / "tokenizer.json"), config.max_length)
+    assert check_tokenization(folder, tokenizer, config) > 0
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**settings, "truncation_side": "left"}))
+    with pytest.raises(ResolutionError, match="first differ at token 1"):
+        check_tokenization(folder, tokenizer, config)
+    # A shorter limit chosen with --max-length is asked of the library too: the side still shows.
+    with pytest.raises(ResolutionError, match="first differ at token 1"):
+        check_tokenization(folder, TextTokenizer(str(folder / "tokenizer.json"), 32), resolve(folder, max_length=32))

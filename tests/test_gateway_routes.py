@@ -41,7 +41,8 @@ class FakeServer:
 
     def __init__(self) -> None:
         self.configs = {
-            "emb": _config("emb", "embed", ["EMBEDDING", PROMPT_TOKENS], matryoshka_dimensions=[2]),
+            "emb": _config("emb", "embed", ["EMBEDDING", PROMPT_TOKENS], matryoshka_dimensions=[2],
+                           use_activation=True, prompts=["query", "document"]),
             "cls": _config("cls", "classify", ["PROBABILITIES", PROMPT_TOKENS], labels=["no", "yes"]),
             "emb_score": {"name": "emb_score", "backend": "scorer", "output": [{"name": SCORES}]},
             "emb_tokenizer": {"name": "emb_tokenizer", "backend": "tokenizer", "output": []},
@@ -356,6 +357,11 @@ def test_a_cut_vector_is_renormalised_only_where_the_answer_was_activated(http, 
     with TestClient(create_app("unused:0", client=fake)) as client:
         cut = client.post("/v1/embeddings", json={"model": "emb", "input": "ab", "dimensions": 2}).json()
     assert cut["data"][0]["embedding"] == [2.0, 3.0]
+    # Exported before the config said: raw vectors (these) stay raw when cut.
+    fake.server.configs["emb"] = _config("emb", "embed", ["EMBEDDING", PROMPT_TOKENS], matryoshka_dimensions=[2])
+    with TestClient(create_app("unused:0", client=fake)) as client:
+        cut = client.post("/v1/embeddings", json={"model": "emb", "input": "ab", "dimensions": 2}).json()
+    assert cut["data"][0]["embedding"] == [2.0, 3.0]
 
 
 def test_classify_and_pooling_take_token_ids_and_pooling_checks_its_task(http, fake) -> None:
@@ -375,17 +381,23 @@ def test_score_takes_each_of_vllms_pairs_of_fields_and_only_one(http) -> None:
         body = http.post("/score", json={"model": "emb", first: "q", second: ["a", "bb"]})
         assert body.status_code == 200 and len(body.json()["data"]) == 2, (first, body.text)
     for payload in ({"model": "emb", "queries": "q"}, {"model": "emb", "text_1": "q", "text_2": "d", "queries": "q",
-                                                        "documents": "d"}):
+                                                        "documents": "d"},
+                    {"model": "emb", "text_1": "q", "text_2": "d", "queries": "q"}):  # a stray half of a pair
         refused = http.post("/score", json=payload)
-        assert refused.status_code == 400 and "exactly one pair" in refused.json()["error"]["message"]
+        assert refused.status_code == 400 and refused.json()["error"]["message"].startswith("send exactly one pair")
 
 
 def test_cohere_input_type_max_tokens_and_priority_reach_triton(http, fake) -> None:
-    http.post("/v2/embed", json={"model": "emb", "texts": ["x"], "input_type": "query", "truncate": "START",
+    http.post("/v2/embed", json={"model": "emb", "texts": ["x"], "input_type": "search_query", "truncate": "START",
                                  "max_tokens": 5, "priority": -3})
     request = fake.requests[-1]
     assert request.parameters == {"truncate": "START", "max_tokens": 5, "prompt_name": "query"}
     assert request.priority == 1
+    http.post("/v2/embed", json={"model": "emb", "texts": ["x"], "input_type": "document"})
+    assert fake.requests[-1].parameters["prompt_name"] == "document"
+    # A type the model has no prompt for is not used (Cohere's SDKs send one on every call).
+    http.post("/v2/embed", json={"model": "emb", "texts": ["x"], "input_type": "clustering"})
+    assert "prompt_name" not in fake.requests[-1].parameters
     http.post("/v2/embed", json={"model": "emb", "texts": ["x"], "truncate": "NONE", "max_tokens": 5})
     assert fake.requests[-1].parameters == {"max_tokens": 5}  # over 5 tokens refused by the tokenizer stage
 
@@ -402,10 +414,14 @@ def test_base64_embed_dtype_and_endianness(http, dtype, endianness, numpy_type) 
 def test_base64_bfloat16_is_the_rounded_upper_half_of_float32() -> None:
     import torch
 
-    values = np.array([1.0, -2.5, 3.14159265, 1e-3, 65504.0, 0.1], dtype=np.float32)
+    values = np.array([1.0, -2.5, 3.14159265, 1e-3, 65504.0, 0.1, np.inf, -np.inf], dtype=np.float32)
     got = np.frombuffer(base64.b64decode(base64_vector(values, "bfloat16", "little")), dtype="<u2")
     expected = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     assert got.tolist() == expected.tolist()
+    # NaNs whose rounding would carry into the exponent or the sign stay NaN.
+    nans = np.array([0x7FFFFFFF, 0xFFFFFFFF, 0x7F800001], dtype=np.uint32).view(np.float32)
+    decoded = np.frombuffer(base64.b64decode(base64_vector(nans, "bfloat16")), dtype=np.uint16).astype(np.uint32)
+    assert np.isnan((decoded << 16).view(np.float32)).all()
 
 
 def test_older_vllm_activation_names_are_honoured_and_special_tokens_cannot_be_dropped(http, fake) -> None:
@@ -413,6 +429,8 @@ def test_older_vllm_activation_names_are_honoured_and_special_tokens_cannot_be_d
     assert fake.requests[-1].parameters == {"use_activation": False}
     http.post("/classify", json={"model": "cls", "input": "x", "softmax": False, "use_activation": True})
     assert fake.requests[-1].parameters == {"use_activation": True}  # the current name wins
+    http.post("/classify", json={"model": "cls", "input": "x", "normalize": False})
+    assert fake.requests[-1].parameters == {}  # an embedding's name means nothing to a classifier
     refused = http.post("/v1/embeddings", json={"model": "emb", "input": "x", "add_special_tokens": False})
     assert refused.status_code == 400 and "add_special_tokens" in refused.json()["error"]["message"]
 
@@ -433,3 +451,23 @@ def test_cohere_binary_types_pack_non_negative_components_as_ones() -> None:
     assert cohere_encode(vectors, "binary") == [[0b10111011 - 128]]
     with pytest.raises(APIError, match="not divisible by 8"):
         cohere_encode(vectors[:, :6], "binary")
+
+
+def test_matryoshka_of_an_old_repository_renormalises_unit_vectors_only() -> None:
+    from pooltriton.contract.requests import ModelInfo, matryoshka
+
+    info = ModelInfo("m", "embed", ("EMBEDDING",), (), dimensions=(2,))  # no use_activation in its config
+    assert matryoshka(info, np.array([[0.6, 0.0, 0.8, 0.0]]), 2).tolist() == [[1.0, 0.0]]
+    assert matryoshka(info, np.array([[2.0, 3.0, 4.0, 5.0]]), 2).tolist() == [[2.0, 3.0]]
+    with pytest.raises(ValueError, match=r"only \[2\]"):
+        matryoshka(info, np.ones((1, 4)), 3)
+
+
+def test_the_service_refuses_a_negative_top_n(fake) -> None:
+    import asyncio
+
+    from pooltriton.client.service import PoolingService, RequestError
+
+    with pytest.raises(RequestError, match="top_n"):
+        asyncio.run(PoolingService(fake, model=None).rerank("q", ["a", "b"], model="emb", top_n=-1))
+    assert not fake.requests

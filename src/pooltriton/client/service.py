@@ -371,6 +371,8 @@ class PoolingService:
         """Documents by score, best first (cross-encoder, bi-encoder or late interaction)."""
         if not documents:
             raise RequestError("documents is empty", "documents")
+        if top_n is not None and top_n < 0:
+            raise RequestError(f"top_n must be 0 (every document) or positive, not {top_n}", "top_n")
         scored = await self.score(query, list(documents), model=model, **options)
         order = np.argsort(-scored.values, kind="stable")[: top_n or len(documents)]
         return Pooled([RerankResult(int(i), float(scored.values[i]), documents[i]) for i in order], scored.tokens)

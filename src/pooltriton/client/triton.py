@@ -99,7 +99,7 @@ class AsyncPoolingClient:
         """One vector per text, [n, dim] float32. `truncate`: None/"NONE" rejects over-length texts
         with an error naming the limit; "END" or "START" cuts them to the model's limit. `dimensions`:
         cut to one of the model's Matryoshka sizes."""
-        return await self.encode(texts, model=model, **options)
+        return await self.encode(texts, model=model, task="embed", **options)
 
     async def classify(self, texts: str | Sequence[str], *, model: str | None = None,
                        pairs: Sequence[str] | None = None, **options: Any) -> Classification:

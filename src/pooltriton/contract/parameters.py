@@ -122,8 +122,9 @@ class EnsembleParameters(StageParameters):
     labels: tuple[str, ...] | None = None
     matryoshka_dimensions: tuple[int, ...] | None = None
     # Whether the model activates (embed: normalises) where a request does not say: a vector cut to a
-    # Matryoshka size is re-normalised only then (vLLM). Exported before this was written: True.
-    use_activation: bool = True
+    # Matryoshka size is re-normalised only then (vLLM). None: exported before this was written.
+    use_activation: bool | None = None
+    prompts: tuple[str, ...] | None = None  # the names of the model's prompts (Cohere's input_type picks one)
 
 
 STAGE_PARAMETERS = (TokenizerParameters, EncoderParameters, PoolerParameters, ScorerParameters, PluginParameters,

@@ -105,7 +105,8 @@ class ModelInfo:
     labels: tuple[str, ...]
     max_length: int | None = None
     dimensions: tuple[int, ...] = ()  # Matryoshka sizes the model declares; empty: none
-    use_activation: bool = True  # what a request that does not say gets (embed: normalised vectors)
+    use_activation: bool | None = None  # what a request that does not say gets (None: not in the config)
+    prompts: tuple[str, ...] = ()  # the names of the model's prompts
 
     @property
     def per_token(self) -> bool:
@@ -121,7 +122,7 @@ def model_info(name: str, config: dict) -> ModelInfo:
     ensemble = EnsembleParameters.from_parameters(parameters)
     return ModelInfo(name=name, task=ensemble.task, outputs=outputs, labels=ensemble.labels or (),
                      max_length=ensemble.max_length, dimensions=ensemble.matryoshka_dimensions or (),
-                     use_activation=ensemble.use_activation)
+                     use_activation=ensemble.use_activation, prompts=ensemble.prompts or ())
 
 
 def text_array(texts: Sequence[str | bytes], batched: bool) -> np.ndarray:
@@ -169,7 +170,10 @@ def matryoshka(model: ModelInfo, vectors: np.ndarray, dimensions: int | None,
         declared = f"only {list(model.dimensions)}" if model.dimensions else "no Matryoshka dimensions"
         raise ValueError(f"model {model.name!r} does not support dimensions={dimensions}: it declares {declared}")
     cut = vectors[:, :dimensions]
-    if not (model.use_activation if use_activation is None else use_activation):
+    activated = model.use_activation if use_activation is None else use_activation
+    if activated is None:  # a repository exported before its config said: were they unit vectors?
+        activated = bool(np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3))
+    if not activated:
         return cut
     return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)
 

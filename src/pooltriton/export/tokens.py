@@ -43,19 +43,17 @@ def check_tokenization(model_dir: Path, tokenizer: TextTokenizer, config: Pooler
     texts = [*SPECIAL_TEXTS, *sample_texts(8, 20, seed=5), *sample_texts(2, config.max_length * 2, seed=6)]
     compared = 0
     # A limit below the library's that the model's position table sets (no longer text could be read) or
-    # the user chose (--max-length): texts past it are not compared.
+    # the user chose (--max-length): the library is asked to cut there too, so its side is still compared.
     cut_on_purpose = config.sources.get("max_length") in (HF_CONFIG, EXPLICIT)
     try:
         for prompt in (None, *(p for p in dict.fromkeys(config.prompts.values()) if p)):
-            theirs = model.preprocess(texts, prompt=prompt)
+            limit = {"max_length": config.max_length} if cut_on_purpose else {}
+            theirs = model.preprocess(texts, prompt=prompt, **limit)
             ids, mask = theirs["input_ids"], theirs["attention_mask"].bool()
-            prompted = [(prompt or "") + text for text in texts]
-            ours, untruncated = tokenizer(prompted, Truncation.END), tokenizer.lengths(prompted)
+            ours = tokenizer([(prompt or "") + text for text in texts], Truncation.END)
             for row, text in enumerate(texts):
                 expected = ids[row][mask[row]].tolist()
                 got = ours.input_ids[row][: ours.lengths[row]].tolist()
-                if cut_on_purpose and untruncated[row] > config.max_length:
-                    continue
                 if expected != got:
                     raise ResolutionError(_difference(text, prompt, expected, got, config.max_length))
                 compared += 1
@@ -75,8 +73,9 @@ def _difference(text: str, prompt: str | None, expected: list[int], got: list[in
                f"limit is {max_length}, the smallest of sentence-transformers' max_seq_length, the tokenizer's "
                "model_max_length and the model's positions; --max-length sets it) or cuts the other side")
     else:
-        why = (f"they first differ at token {common} (a chat template, lowercasing, or tokenizer arguments in "
-               "sentence_bert_config.json or tokenizer_config.json that tokenizer.json does not carry)")
+        why = (f"they first differ at token {common} (a chat template, lowercasing, the side a long text is cut "
+               "on, or tokenizer arguments in sentence_bert_config.json or tokenizer_config.json that "
+               "tokenizer.json does not carry)")
     return (f"sentence-transformers turns {shown!r}{with_prompt} into other token ids than the export's "
             f"tokenizer (tokenizer.json): {expected[:8]}... ({len(expected)} tokens) against {got[:8]}... "
             f"({len(got)} tokens); {why}. The served vectors would not be the model's: not supported")

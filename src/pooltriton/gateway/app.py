@@ -57,6 +57,7 @@ from pooltriton.gateway.serving import (
     as_texts,
     base64_vector,
     cohere_encode,
+    cohere_prompt,
     encode_inputs,
     usage,
 )
@@ -133,8 +134,10 @@ async def embeddings(body: EmbeddingRequest, request: Request):
 async def cohere_embed(body: CohereEmbedRequest, request: Request):
     serving, service = _serving(request)
     model = await serving.model(body.model, "embed")
+    prompt = cohere_prompt(model, body.input_type)
     pooled = await serving(service.encode(body.texts, model=model.name, priority=body.priority,
-                                          dimensions=body.output_dimension, **body.parameters()))
+                                          dimensions=body.output_dimension, **body.parameters(),
+                                          **({"prompt_name": prompt} if prompt else {})))
     vectors = pooled.values
     embeddings = {kind: cohere_encode(vectors, kind) for kind in dict.fromkeys(body.embedding_types)}
     return JSON({"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": body.texts,
@@ -287,7 +290,9 @@ def _middlewares(app: FastAPI, api_key: str | None, observed: GatewayMetrics) ->
         # 400 as vLLM and OpenAI answer it (FastAPI's own is 422): SDKs raise BadRequestError for it.
         first = error.errors()[0] if error.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", []) if p != "body")
-        return JSONResponse(error_body(400, f"{where}: {first.get('msg', 'invalid request')}",
+        # A whole-body rule (a validator) names no field; pydantic prefixes its message.
+        message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+        return JSONResponse(error_body(400, f"{where}: {message}" if where else message,
                                        "invalid_request_error", where or None), status_code=400)
 
     app.openapi = lambda: _openapi(app)

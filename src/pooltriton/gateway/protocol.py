@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -35,14 +35,13 @@ class Options(BaseModel):
     truncate_prompt_tokens: int | None = Field(None, ge=-1, le=1_000_000)
     truncation_side: Literal["left", "right"] | None = None
     use_activation: bool | None = None
-    # Older vLLM's names for use_activation (embed: normalize; classify: softmax, activation): honoured
-    # where use_activation is not given, not dropped (raw vectors asked for must not come back normalised).
-    normalize: bool | None = None
-    softmax: bool | None = None
-    activation: bool | None = None
     add_special_tokens: bool = True  # vLLM's; false is refused, the stages always add them
     priority: int = Field(0, ge=-1000, le=1000)
     user: str | None = None
+    # Older vLLM's names for use_activation that a route's bodies declare (embeddings: normalize; classifiers:
+    # softmax, activation): honoured where use_activation is not given (raw vectors asked for must not
+    # come back normalised).
+    ACTIVATION_ALIASES: ClassVar[tuple[str, ...]] = ()
 
     @model_validator(mode="after")
     def _legacy(self) -> Options:
@@ -50,8 +49,8 @@ class Options(BaseModel):
             raise ValueError("add_special_tokens false is not supported for pooling: the model reads its "
                              "special tokens")
         if self.use_activation is None:
-            self.use_activation = next((v for v in (self.normalize, self.softmax, self.activation) if v is not None),
-                                       None)
+            self.use_activation = next((getattr(self, name) for name in self.ACTIVATION_ALIASES
+                                        if getattr(self, name) is not None), None)
         return self
 
     def parameters(self) -> dict[str, Any]:
@@ -67,7 +66,18 @@ class Options(BaseModel):
         return parameters
 
 
-class EmbeddingRequest(Options):
+class EmbedAliases(Options):
+    normalize: bool | None = None
+    ACTIVATION_ALIASES: ClassVar[tuple[str, ...]] = ("normalize",)
+
+
+class ClassifyAliases(Options):
+    softmax: bool | None = None
+    activation: bool | None = None
+    ACTIVATION_ALIASES: ClassVar[tuple[str, ...]] = ("softmax", "activation")
+
+
+class EmbeddingRequest(EmbedAliases):
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
     # vLLM's: base64's element type and byte order (bfloat16 rounded from float32 as torch rounds it).
@@ -87,7 +97,7 @@ class EmbeddingRequest(Options):
 class CohereEmbedRequest(BaseModel):
     model: str | None = None
     texts: list[str]
-    # One of the model's prompts (sentence-transformers' prompts by name), as vLLM maps it; else 400.
+    # Picks one of the model's prompts by name (gateway.serving.cohere_prompt); else not used.
     input_type: str | None = Field(None, max_length=200)
     embedding_types: list[Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]] = ["float"]
     output_dimension: int | None = Field(None, gt=0)
@@ -99,16 +109,14 @@ class CohereEmbedRequest(BaseModel):
         parameters: dict[str, Any] = {} if self.truncate == "NONE" else {"truncate": self.truncate}
         if self.max_tokens is not None:
             parameters["max_tokens"] = self.max_tokens
-        if self.input_type is not None:
-            parameters["prompt_name"] = self.input_type
         return parameters
 
 
-class ClassifyRequest(Options):
+class ClassifyRequest(ClassifyAliases):
     input: str | list[str] | list[int] | list[list[int]]
 
 
-class ScoreRequest(Options):
+class ScoreRequest(ClassifyAliases):
     """vLLM's pairs of fields, any one of them: queries/documents (its canonical names), queries/items,
     data_1/data_2, text_1/text_2."""
 
@@ -125,7 +133,9 @@ class ScoreRequest(Options):
 
     @model_validator(mode="after")
     def _one_pair(self) -> ScoreRequest:
-        if len(self._given()) != 1:
+        given = self._given()
+        sent = {name for pair in SCORE_PAIRS for name in pair if getattr(self, name) is not None}
+        if len(given) != 1 or sent != set(given[0]):  # a stray half of another pair is not ignored
             raise ValueError(f"send exactly one pair of {', '.join(f'{a}/{b}' for a, b in SCORE_PAIRS)}")
         return self
 
@@ -138,14 +148,15 @@ class ScoreRequest(Options):
 SCORE_PAIRS = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2"))
 
 
-class RerankRequest(Options):
+class RerankRequest(ClassifyAliases):
     query: str
     documents: list[str]
     top_n: int | None = Field(None, ge=0)  # vLLM's default 0: every document
     return_documents: bool = True
 
 
-class PoolingRequest(Options):
+class PoolingRequest(EmbedAliases, ClassifyAliases):
+    ACTIVATION_ALIASES: ClassVar[tuple[str, ...]] = ("normalize", "softmax", "activation")  # any task
     input: str | list[str] | list[int] | list[list[int]]
     # vLLM's: the task the caller expects of the model (refused with 400 where the model serves another).
     task: Literal["embed", "classify", "token_embed", "token_classify"] | None = None

@@ -97,6 +97,19 @@ def as_token_ids(value: Any) -> list[list[int]] | None:
     return None
 
 
+# Cohere's input types and the prompt names sentence-transformers models use for them.
+COHERE_PROMPTS = {"search_query": ("query",), "search_document": ("document", "passage", "doc")}
+
+
+def cohere_prompt(model: ServedModel, input_type: str | None) -> str | None:
+    """The model's prompt an input_type names (itself, or search_query -> query, search_document ->
+    document/passage), None where the model has none for it: Cohere's SDKs send input_type on every call,
+    and a model without prompts embeds every kind of text the same way."""
+    if input_type is None:
+        return None
+    return next((name for name in (input_type, *COHERE_PROMPTS.get(input_type, ())) if name in model.prompts), None)
+
+
 def usage(tokens: int) -> dict[str, int]:
     return {"prompt_tokens": tokens, "total_tokens": tokens}
 
@@ -107,8 +120,9 @@ def base64_vector(vector: np.ndarray, dtype: str = "float32", endianness: str = 
     if dtype == "float16":
         values = values.astype(np.float16)
     elif dtype == "bfloat16":  # the upper half of float32, rounded to nearest even as torch casts
-        bits = values.view(np.uint32)
-        values = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        bits = values.view(np.uint32).astype(np.uint64)  # no carry wraps around
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        values = np.where(np.isnan(values), np.uint16(0x7FC0), rounded)  # a carry must not make NaN inf
     if endianness != "native" and endianness != sys.byteorder:
         values = values.byteswap()
     return base64.b64encode(values.tobytes()).decode()
