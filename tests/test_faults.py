@@ -170,6 +170,10 @@ def test_a_stub_that_dies_mid_request_leaves_nothing_behind_and_the_server_still
             if len(supervisor.healed) > healed_before and not old & set(server_stubs(server.shm_prefix)):
                 break
             time.sleep(0.2)
+        # Healed: the clients' next answers are exact (the reloaded stage may take a moment to serve).
+        healed_at, waited = len(outcomes), time.monotonic()
+        while "exact" not in outcomes[healed_at:] and time.monotonic() - waited < RECOVERY_BOUND_S:
+            time.sleep(0.2)
     finally:
         stop.set()
         for worker in workers:
@@ -180,7 +184,7 @@ def test_a_stub_that_dies_mid_request_leaves_nothing_behind_and_the_server_still
             pass
     assert "minilm_tokenizer" in [model for model, _ in supervisor.healed[healed_before:]], supervisor.healed
     assert not old & set(server_stubs(server.shm_prefix)), "a stub of the unloaded tokenizer is still alive"
-    assert "WRONG" not in outcomes and outcomes[-1] == "exact", outcomes[-10:]
+    assert "WRONG" not in outcomes and "exact" in outcomes[healed_at:], outcomes[-10:]
     print(f"\nstopped tokenizer stub: retired {supervisor.retired}; {outcomes.count('exact')} exact answers, "
           f"{len(outcomes) - outcomes.count('exact')} definite errors")
 
