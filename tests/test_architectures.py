@@ -93,9 +93,9 @@ def only_on(served, runtime: str) -> None:
 
 def reference(folder: Path, head: str, texts: list[str]) -> list[np.ndarray]:
     """transformers' own model per text, vLLM's semantics on top (the resolved default pooling)."""
-    from transformers import PreTrainedTokenizerFast
+    from transformers import AutoTokenizer
 
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
     loader = {"embed": AutoModel, "classify": AutoModelForSequenceClassification,
               "token_classify": AutoModelForTokenClassification}[head]
     model = loader.from_pretrained(folder).eval()
@@ -181,7 +181,7 @@ def test_a_decoder_reranker_scores_through_rerank(served, modern_root: Path) -> 
     """A causal LM exported with --classifier-from-tokens no,yes and a prompt template answers /v1/rerank
     with the probability of "yes" against "no" that transformers' full LM head gives at the last token."""
     import httpx
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from conftest import running_gateway
 
@@ -193,7 +193,7 @@ def test_a_decoder_reranker_scores_through_rerank(served, modern_root: Path) -> 
                                                           "documents": documents}, timeout=60)
     assert response.status_code == 200, response.text
     got = {r["index"]: r["relevance_score"] for r in response.json()["results"]}
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     no, yes = tokenizer.convert_tokens_to_ids(["no", "yes"])
     for index, document in enumerate(documents):
@@ -207,9 +207,9 @@ def test_a_decoder_reranker_scores_through_rerank(served, modern_root: Path) -> 
 
 def test_the_texts_are_longer_than_every_window(modern_root: Path) -> None:
     """Otherwise a lost window could not show."""
-    from transformers import PreTrainedTokenizerFast
+    from transformers import AutoTokenizer
 
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(build(modern_root, "mistral", "embed") / "tokenizer.json"))
+    tokenizer = AutoTokenizer.from_pretrained(build(modern_root, "mistral", "embed"))
     assert sum(len(tokenizer(t)["input_ids"]) > 3 * WINDOW for t in TEXTS) >= 4
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from transformers import AutoModelForTokenClassification, PreTrainedTokenizerFast
+from transformers import AutoModelForTokenClassification, AutoTokenizer
 
 from pooltriton.core.activation import normalize, softmax
 from pooltriton.export.defaults import rampart_path
@@ -54,7 +54,7 @@ def test_encode_refuses_a_task_the_model_does_not_serve(client) -> None:
 
 def test_rampart_equals_transformers_and_its_onnx_original(client) -> None:
     folder = rampart_path()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForTokenClassification.from_pretrained(folder).eval()
     original = ort.InferenceSession(_original_onnx())
     result = client.classify_tokens(PII_TEXTS, model="rampart")

@@ -458,3 +458,25 @@ def test_a_tokenizer_that_cuts_the_other_side_is_refused(tmp_path: Path) -> None
     # A shorter limit chosen with --max-length is asked of the library too: the side still shows.
     with pytest.raises(ResolutionError, match="first differ at token 1"):
         check_tokenization(folder, TextTokenizer(str(folder / "tokenizer.json"), 32), resolve(folder, max_length=32))
+
+
+def test_a_model_transformers_tokenizes_otherwise_is_refused_before_export(tmp_path: Path) -> None:
+    """Without sentence-transformers the library is transformers' AutoTokenizer (vLLM's too). For a Qwen2
+    model transformers 5 builds the tokenizer's pipeline from code around tokenizer.json's vocabulary, so a
+    tokenizer.json of another kind (this word-level one) is not what the model's users run."""
+    def compared(folder: Path) -> int:
+        config = resolve(folder)
+        return check_tokenization(folder, TextTokenizer(str(folder / "tokenizer.json"), config.max_length), config)
+
+    # The tests' Qwen2 is a byte-level BPE that transformers rebuilds alike; a classifier's pairs are
+    # compared too (it scores pairs).
+    assert compared(build(tmp_path / "models", "qwen2", "classify")) == 2 * compared(
+        build(tmp_path / "models", "qwen2", "embed")) > 0
+    folder = build(tmp_path / "models", "llama", "classify")
+    assert compared(folder) > 0
+    hf = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**hf, "model_type": "qwen2"}))
+    out = tmp_path / "repository"
+    with pytest.raises(ResolutionError, match=r"transformers' AutoTokenizer turns 'Hello WORLD.*other token ids"):
+        export_model(folder, ExportOptions(name="rebuilt", out=out, runtime="onnx"))
+    assert not out.exists() or not any(out.iterdir())

@@ -18,7 +18,7 @@ import pytest
 import torch
 import tritonclient.http as httpclient
 from tiny_models import LONG, build
-from transformers import AutoModel, PreTrainedTokenizerFast
+from transformers import AutoModel, AutoTokenizer
 from tritonclient.utils import InferenceServerException
 
 from pooltriton.backends.ragged import MemoryModel, memory_budget
@@ -68,7 +68,7 @@ def server(long_model: Path, tmp_path_factory: pytest.TempPathFactory):
 
 def reference(folder: Path, text: str) -> np.ndarray:
     """transformers' own ModernBertModel on the text alone, CLS pooled and normalised (vLLM's default)."""
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModel.from_pretrained(folder).eval()
     encoded = tokenizer(text, return_tensors="pt")
     with torch.no_grad():

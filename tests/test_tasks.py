@@ -19,7 +19,8 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
-    PreTrainedTokenizerFast,
+    AutoTokenizer,
+    PreTrainedTokenizerBase,
 )
 
 from pooltriton.client import PoolingClient
@@ -127,13 +128,10 @@ def test_torchscript_encoders_name_their_arguments_as_their_config_inputs(served
     assert len(seen) >= 2  # with and without token_type_ids / activate
 
 
-def file_tokenizer(folder: Path) -> PreTrainedTokenizerFast:
-    """HF's wrapper around the model's own tokenizer.json, as the served tokenizer stage uses it.
-
-    (transformers 5's AutoTokenizer rebuilds Qwen2/Llama tokenizers from code for those model types,
-    which for these tiny word-level tokenizers gives different ids.)
-    """
-    return PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+def library_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+    """The tokenizer the model's users run (transformers' AutoTokenizer, as vLLM loads it), independent of
+    the served tokenizer.json: for Qwen2 transformers builds the pipeline from code."""
+    return AutoTokenizer.from_pretrained(folder)
 
 
 def reference(case: Case, folder: Path, texts: list[str], pairs: list[str] | None = None) -> list[np.ndarray]:
@@ -142,7 +140,7 @@ def reference(case: Case, folder: Path, texts: list[str], pairs: list[str] | Non
         from sentence_transformers import SentenceTransformer
 
         return list(SentenceTransformer(str(folder), device="cpu").encode(texts, normalize_embeddings=True))
-    tokenizer = file_tokenizer(folder)
+    tokenizer = library_tokenizer(folder)
     loader = {"classify": AutoModelForSequenceClassification, "token_classify": AutoModelForTokenClassification,
               "reward": AutoModelForCausalLM}.get(case.reference, AutoModel)
     model = loader.from_pretrained(folder).eval()
@@ -199,7 +197,7 @@ def test_use_activation_false_returns_logits(served, tiny_root: Path) -> None:
     _runtime, client, _server, _repository = served
     case = next(c for c in CASES if c.name == "qwen2_classify")
     folder = folder_of(tiny_root, case)
-    tokenizer = file_tokenizer(folder)
+    tokenizer = library_tokenizer(folder)
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
     texts = texts_for(case)[:4]
     with torch.no_grad():
@@ -229,7 +227,7 @@ def test_cross_encoder_equals_sentence_transformers(served, tiny_root: Path) -> 
     documents = [" ".join(w for w in t.split() if w.isascii() and w.isalpha()) or "answer"
                  for t in varied_texts(6, seed=5, max_words=12)]
     cross_encoder = CrossEncoder(str(folder), device="cpu")
-    ours = file_tokenizer(folder)
+    ours = library_tokenizer(folder)
     for document in documents:
         assert cross_encoder.tokenizer(query, document)["input_ids"] == ours(query, document)["input_ids"]
     expected = cross_encoder.predict([(query, d) for d in documents])

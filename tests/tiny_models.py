@@ -1,6 +1,8 @@
 """Tiny models built locally: a config per architecture family, seeded weights, and a word-level
-tokenizer built with the `tokenizers` library (no hub). They cannot show that answers are good,
-only that the served answers equal transformers' on the same weights.
+tokenizer built with the `tokenizers` library (no hub); Qwen2's is a small byte-level BPE trained here,
+since transformers rebuilds a Qwen2 tokenizer's pipeline from code (and the export checks that
+transformers' ids are the served ones). They cannot show that answers are good, only that the served
+answers equal transformers' on the same weights.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import json
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
     AutoModel,
     AutoModelForCausalLM,
@@ -31,7 +33,7 @@ from transformers import (
     XLMRobertaConfig,
 )
 
-from corpus import VOCABULARY
+from corpus import VOCABULARY, varied_texts
 
 SPECIALS = {
     "bert": ["[PAD]", "[UNK]", "[CLS]", "[SEP]"],
@@ -61,9 +63,29 @@ def _words() -> list[str]:
     return sorted(words)
 
 
+def _byte_level_bpe(specials: list[str]) -> Tokenizer:
+    """Qwen2's pipeline (NFC, its split pattern, byte-level BPE; transformers' Qwen2Tokenizer builds the
+    same around the file's vocabulary and merges) with merges learnt from the test corpus."""
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator([*varied_texts(400, seed=1, max_words=20), *_words()], trainer)
+    return tokenizer
+
+
 def _tokenizer(family: str) -> tuple[Tokenizer, dict]:
     kind = family if family in SPECIALS else _TOKENIZER_KIND.get(family, "decoder")
     specials = SPECIALS[kind]
+    if family == "qwen2":
+        tokenizer = _byte_level_bpe(specials)
+        return tokenizer, {"vocab": tokenizer.get_vocab(), "tokens": {"pad_token": "<pad>", "unk_token": "<unk>"}}
     vocab = {token: i for i, token in enumerate(specials + _words())}
     unk = "[UNK]" if kind == "bert" else "<unk>"
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=unk))
