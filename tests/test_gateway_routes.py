@@ -32,7 +32,8 @@ WIDTH = 4
 
 def _config(name: str, task: str, outputs: list[str], **parameters) -> dict:
     values = {"task": task, "max_length": "16", **{k: json.dumps(v) for k, v in parameters.items()}}
-    return {"name": name, "platform": "ensemble", "output": [{"name": o} for o in outputs],
+    # Triton's JSON config writes dims as strings; the first output is WIDTH wide.
+    return {"name": name, "platform": "ensemble", "output": [{"name": o, "dims": [str(WIDTH)]} for o in outputs],
             "parameters": {k: {"string_value": v} for k, v in values.items()}}
 
 
@@ -139,6 +140,23 @@ def test_matryoshka_cohere_and_classify(http) -> None:
     assert cohere["meta"]["billed_units"]["input_tokens"] == _words("a b") + _words("c")
     classified = http.post("/classify", json={"model": "cls", "input": ["abc"]}).json()
     assert classified["data"][0]["label"] == "yes" and classified["usage"]["prompt_tokens"] == _words("abc")
+
+
+def test_a_size_the_model_cannot_give_is_refused_before_it_runs(http, fake) -> None:
+    """The ensemble's output dims say the width: an undeclared Matryoshka size, or a binary type over a
+    width not divisible by 8, costs no inference; Cohere's errors name Cohere's field."""
+    sent = len(fake.requests)
+    wrong = http.post("/v1/embeddings", json={"model": "emb", "input": "ab", "dimensions": 3}).json()["error"]
+    assert wrong["message"] == "model 'emb' does not support 3 dimensions: it has 4 and declares only [2]"
+    assert wrong["param"] == "dimensions"
+    cohere = http.post("/v2/embed", json={"model": "emb", "texts": ["a"], "output_dimension": 3})
+    assert cohere.status_code == 400 and cohere.json()["error"]["param"] == "output_dimension"
+    packed = http.post("/v2/embed", json={"model": "emb", "texts": ["a"], "output_dimension": 2,
+                                          "embedding_types": ["float", "ubinary"]})
+    assert packed.status_code == 400 and "the dimension 2 is not divisible by 8" in packed.json()["error"]["message"]
+    assert len(fake.requests) == sent
+    full = http.post("/v1/embeddings", json={"model": "emb", "input": "ab", "dimensions": WIDTH})
+    assert full.status_code == 200 and len(full.json()["data"][0]["embedding"]) == WIDTH
 
 
 def test_rerank_and_score_carry_documents_and_usage(http, fake) -> None:
@@ -329,8 +347,9 @@ def test_embedding_routes_serve_only_embedding_models(http, fake) -> None:
     for path, body in (("/v1/embeddings", {"model": "cls", "input": "x"}),
                        ("/v2/embed", {"model": "cls", "texts": ["x"]})):
         response = http.post(path, json=body)
-        assert response.status_code == 400 and "is classify, not embed" in response.json()["error"]["message"]
-        assert "use /classify" in response.json()["error"]["message"]
+        message = response.json()["error"]["message"]
+        assert response.status_code == 400 and "serves task 'classify', not 'embed'" in message
+        assert "use /classify" in message
     assert not fake.requests
 
 
@@ -371,7 +390,7 @@ def test_classify_and_pooling_take_token_ids_and_pooling_checks_its_task(http, f
     pooled = http.post("/pooling", json={"model": "emb", "input": [5, 6], "task": "embed"})
     assert pooled.status_code == 200 and fake.requests[-1].parameters == {"input_format": "token_ids"}
     wrong = http.post("/pooling", json={"model": "emb", "input": "x", "task": "token_classify"})
-    assert wrong.status_code == 400 and "is embed, not token_classify" in wrong.json()["error"]["message"]
+    assert wrong.status_code == 400 and "serves task 'embed', not 'token_classify'" in wrong.json()["error"]["message"]
     body = http.post("/v1/embeddings", json={"model": "emb", "input": "x"}).json()
     assert body["id"].startswith("embd-") and body["created"] > 0
 

@@ -58,6 +58,22 @@ class RequestError(ValueError):
         self.param = param
 
 
+class WrongTask(RequestError):
+    """The model serves another task (one task per model, as in vLLM); `model` says which it serves."""
+
+    def __init__(self, model: ModelInfo, task: str) -> None:
+        super().__init__(f"model {model.name!r} serves task {model.task!r}, not {task!r} (one task per model)",
+                         "model")
+        self.model = model
+
+
+def check_task(model: ModelInfo, task: str | None) -> None:
+    """The one task check: a model answers only its own task (a classifier's probabilities are no
+    embeddings)."""
+    if task is not None and model.task and model.task != task:
+        raise WrongTask(model, task)
+
+
 class ModelNotFound(LookupError):
     """No served model of that name or task (HTTP 404)."""
 
@@ -290,7 +306,8 @@ class PoolingService:
         return models
 
     def served(self, name: str | None, task: str | None = None) -> ServedModel:
-        """A model from the last `refresh`: by name, or the first serving `task`."""
+        """A model from the last `refresh`: by name (WrongTask unless it serves `task`), or the first
+        serving `task`."""
         if name is None:
             candidates = [m for m in self.models.values() if task is None or m.task == task]
             if not candidates:
@@ -300,6 +317,7 @@ class PoolingService:
             raise RequestError(problem, "model")
         if name not in self.models:
             raise ModelNotFound(f"The model `{name}` does not exist. Served: {sorted(self.models)}")
+        check_task(self.models[name], task)
         return self.models[name]
 
     async def ready(self) -> bool:
@@ -323,12 +341,14 @@ class PoolingService:
         vLLM's (lower runs earlier, 0 default), mapped to Triton's levels; `dimensions`: embeddings cut to
         one of the model's Matryoshka sizes (vLLM's and OpenAI's option)."""
         info = await self.info(model)
-        if task is not None and info.task and task != info.task:
-            raise RequestError(f"model {info.name!r} serves task {info.task!r}, not {task!r} (one task per model)",
-                               "model")
+        check_task(info, task)
         if dimensions is not None and info.task != "embed":
             raise RequestError(f"dimensions applies to embeddings, and model {info.name!r} is {info.task}",
                                "dimensions")
+        try:
+            protocol.check_dimensions(info, dimensions)  # before the model runs, where its width is known
+        except ValueError as error:
+            raise RequestError(str(error), "dimensions") from None
         try:
             requests = protocol.encode_requests(
                 info.name, info.outputs, protocol.as_texts(texts), None if pairs is None else list(pairs), options,

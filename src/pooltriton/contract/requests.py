@@ -107,6 +107,7 @@ class ModelInfo:
     dimensions: tuple[int, ...] = ()  # Matryoshka sizes the model declares; empty: none
     use_activation: bool | None = None  # what a request that does not say gets (None: not in the config)
     prompts: tuple[str, ...] = ()  # the names of the model's prompts
+    width: int | None = None  # the first output's last dimension (an embedding's size), where fixed
 
     @property
     def per_token(self) -> bool:
@@ -116,13 +117,15 @@ class ModelInfo:
 def model_info(name: str, config: dict) -> ModelInfo:
     """A served ensemble's config (its EnsembleParameters); a model that is not one has no task."""
     outputs = tuple(o["name"] for o in config["output"])
+    dims = [int(d) for d in config["output"][0].get("dims", [])] if config["output"] else []
+    width = dims[-1] if dims and dims[-1] > 0 else None
     parameters = read_parameters(config)
     if "task" not in parameters:
-        return ModelInfo(name=name, task="", outputs=outputs, labels=())
+        return ModelInfo(name=name, task="", outputs=outputs, labels=(), width=width)
     ensemble = EnsembleParameters.from_parameters(parameters)
     return ModelInfo(name=name, task=ensemble.task, outputs=outputs, labels=ensemble.labels or (),
                      max_length=ensemble.max_length, dimensions=ensemble.matryoshka_dimensions or (),
-                     use_activation=ensemble.use_activation, prompts=ensemble.prompts or ())
+                     use_activation=ensemble.use_activation, prompts=ensemble.prompts or (), width=width)
 
 
 def text_array(texts: Sequence[str | bytes], batched: bool) -> np.ndarray:
@@ -159,16 +162,25 @@ def encode_requests(model: str, outputs: Sequence[str], texts: Sequence[str], pa
     return requests
 
 
+def check_dimensions(model: ModelInfo, dimensions: int | None, width: int | None = None) -> None:
+    """ValueError unless `dimensions` is None, the full width or one of the model's Matryoshka sizes. Checked
+    before a request is sent where the width is known (the ensemble's output dims), else on the answer."""
+    width = width or model.width
+    if dimensions is None or dimensions == width or dimensions in model.dimensions or width is None:
+        return
+    declared = f"only {list(model.dimensions)}" if model.dimensions else "no Matryoshka dimensions"
+    raise ValueError(f"model {model.name!r} does not support {dimensions} dimensions: it has {width} and declares "
+                     f"{declared}")
+
+
 def matryoshka(model: ModelInfo, vectors: np.ndarray, dimensions: int | None,
                use_activation: bool | None = None) -> np.ndarray:
     """Embeddings cut to one of the model's Matryoshka `dimensions` (None or the full width: as they are),
     re-normalised where they were normalised (vLLM: the request's use_activation, else the model's);
     ValueError for a size the model does not declare."""
+    check_dimensions(model, dimensions, vectors.shape[1])
     if dimensions is None or dimensions == vectors.shape[1]:
         return vectors
-    if dimensions not in model.dimensions:
-        declared = f"only {list(model.dimensions)}" if model.dimensions else "no Matryoshka dimensions"
-        raise ValueError(f"model {model.name!r} does not support dimensions={dimensions}: it declares {declared}")
     cut = vectors[:, :dimensions]
     activated = model.use_activation if use_activation is None else use_activation
     if activated is None:  # a repository exported before its config said: were they unit vectors?

@@ -56,6 +56,7 @@ from pooltriton.gateway.serving import (
     Serving,
     as_texts,
     base64_vector,
+    check_packing,
     cohere_encode,
     cohere_prompt,
     encode_inputs,
@@ -135,9 +136,11 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request):
     serving, service = _serving(request)
     model = await serving.model(body.model, "embed")
     prompt = cohere_prompt(model, body.input_type)
+    check_packing(body.embedding_types, body.output_dimension or model.width)
     pooled = await serving(service.encode(body.texts, model=model.name, priority=body.priority,
                                           dimensions=body.output_dimension, **body.parameters(),
-                                          **({"prompt_name": prompt} if prompt else {})))
+                                          **({"prompt_name": prompt} if prompt else {})),
+                           fields={"dimensions": "output_dimension"})
     vectors = pooled.values
     embeddings = {kind: cohere_encode(vectors, kind) for kind in dict.fromkeys(body.embedding_types)}
     return JSON({"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": body.texts,

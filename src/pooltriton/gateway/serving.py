@@ -6,14 +6,21 @@ from __future__ import annotations
 import base64
 import json
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 from starlette.responses import Response
 from tritonclient.utils import InferenceServerException
 
-from pooltriton.client.service import ModelNotFound, Overloaded, PoolingService, RequestError, ServedModel
+from pooltriton.client.service import (
+    ModelNotFound,
+    Overloaded,
+    PoolingService,
+    RequestError,
+    ServedModel,
+    WrongTask,
+)
 from pooltriton.contract import RETRY_AFTER_S
 from pooltriton.contract.requests import classify
 from pooltriton.gateway.protocol import APIError
@@ -37,28 +44,25 @@ class Serving:
             except InferenceServerException as error:
                 raise APIError(503, f"Triton is unavailable: {error.message()}") from None
         try:
-            model = self.service.served(name, task)
+            return self.service.served(name, task)
+        except WrongTask as error:
+            raise wrong_task(error) from None
         except RequestError as error:
             raise APIError(400, str(error), error.param) from None
         except ModelNotFound as error:
             raise APIError(404, str(error), "model", "model_not_found" if name else None) from None
-        if task is not None and model.task != task:
-            # An embedding route must not hand out a classifier's probabilities as vectors.
-            route = "/pooling" if model.per_token else f"/{model.task}" if model.task == "classify" else None
-            where = f"; use {route}" if route else ""
-            raise APIError(400, f"model {model.name!r} is {model.task}, not {task}: it does not serve this API{where}",
-                           "model")
-        return model
 
-    async def __call__(self, call: Awaitable[T]) -> T:
+    async def __call__(self, call: Awaitable[T], fields: dict[str, str] | None = None) -> T:
         """A service call. Triton's error keeps its code: UNAVAILABLE from a server that is ready means
         its queue is full, the request waited past the queue timeout, or the tokenizer's admission by work
         refused it: 429 with Retry-After (as that refusal says, else RETRY_AFTER_S), the client's to retry;
         from a server that is not, 503."""
         try:
             return await call
-        except RequestError as error:
-            raise APIError(400, str(error), error.param) from None
+        except WrongTask as error:
+            raise wrong_task(error) from None
+        except RequestError as error:  # named as the route's body names the field (`fields`: service -> body)
+            raise APIError(400, str(error), (fields or {}).get(error.param, error.param)) from None
         except ModelNotFound as error:
             raise APIError(404, str(error), "model") from None
         except Overloaded as error:  # refused by admission before anything was sent
@@ -128,6 +132,18 @@ def base64_vector(vector: np.ndarray, dtype: str = "float32", endianness: str = 
     return base64.b64encode(values.tobytes()).decode()
 
 
+PACKED_TYPES = ("binary", "ubinary")
+
+
+def check_packing(kinds: Sequence[str], width: int | None) -> None:
+    """Binary types pack 8 components per byte: a width not divisible by 8 is refused (before the model
+    runs where the width is known)."""
+    packed = [kind for kind in kinds if kind in PACKED_TYPES]
+    if packed and width and width % 8:
+        raise APIError(400, f"embedding type {packed[0]} packs 8 components per byte: the dimension {width} is "
+                       "not divisible by 8", "embedding_types")
+
+
 def cohere_encode(vectors: np.ndarray, kind: str) -> list:
     """Cohere's embedding types. int8/uint8 scale unit-vector components by 127; binary types pack
     the sign bits 8 per byte, 1 for a component >= 0 (binary: signed, ubinary: unsigned), as vLLM packs
@@ -139,9 +155,7 @@ def cohere_encode(vectors: np.ndarray, kind: str) -> list:
     if kind in ("int8", "uint8"):
         scaled = np.clip(np.round(vectors * 127), -128, 127).astype(np.int64)
         return (scaled + (128 if kind == "uint8" else 0)).tolist()
-    if vectors.shape[1] % 8:
-        raise APIError(400, f"embedding type {kind} packs 8 components per byte: the dimension {vectors.shape[1]} "
-                       "is not divisible by 8", "embedding_types")
+    check_packing([kind], vectors.shape[1])
     packed = np.packbits(vectors >= 0, axis=1).astype(np.int64)
     return (packed - 128 if kind == "binary" else packed).tolist()
 
@@ -166,3 +180,11 @@ class JSON(Response):
 
     def render(self, content: Any) -> bytes:
         return dump_json(content)
+
+
+def wrong_task(error: WrongTask) -> APIError:
+    """vLLM's 400 for a model that does not serve the route's API, with the route that does serve it."""
+    served = error.model
+    route = "/pooling" if served.per_token else "/classify" if served.task == "classify" else None
+    where = f"; use {route}" if route else ""
+    return APIError(400, f"{error}: it does not serve this API{where}", "model")
