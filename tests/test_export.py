@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_models import build
+from tiny_models import build, build_cross_encoder
 
 from pooltriton.contract.config import parse_config
 from pooltriton.core.capabilities import detect
@@ -474,6 +474,9 @@ def test_a_model_transformers_tokenizes_otherwise_is_refused_before_export(tmp_p
         build(tmp_path / "models", "qwen2", "embed")) > 0
     folder = build(tmp_path / "models", "llama", "classify")
     assert compared(folder) > 0
+    # A CrossEncoder saved by sentence-transformers (with modules.json) is compared as CrossEncoder pairs.
+    assert compared(build_cross_encoder(tmp_path / "models", "bert", 1)) == 2 * compared(
+        build(tmp_path / "models", "bert", "embed"))
     hf = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**hf, "model_type": "qwen2"}))
     out = tmp_path / "repository"

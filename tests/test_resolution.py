@@ -89,6 +89,19 @@ def test_classifier_activation_precedence(tmp_path, extra, activation, source) -
     assert (config.activation.value, config.sources["activation"]) == (activation, source)
 
 
+def test_a_cross_encoder_saved_by_sentence_transformers_5_keeps_its_activation_in_its_own_file(tmp_path) -> None:
+    """sentence-transformers 5+ writes a CrossEncoder's activation to config_sentence_transformers.json and
+    reads it from there first; with three labels it saves Identity (softmax would be vLLM's default)."""
+    folder = model_dir(tmp_path, "BertForSequenceClassification", "bert", extra={
+        "num_labels": 3, "sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Sigmoid"}})
+    saved = folder / "config_sentence_transformers.json"
+    saved.write_text(json.dumps({"model_type": "CrossEncoder", "activation_fn": "torch.nn.modules.linear.Identity"}))
+    config = resolve(folder)
+    assert (config.activation.value, config.sources["activation"]) == ("identity", "sentence-transformers")
+    saved.write_text(json.dumps({"model_type": "SentenceTransformer", "activation_fn": "os.system"}))
+    assert resolve(folder).activation.value == "sigmoid"  # not a CrossEncoder's file: config.json's
+
+
 def test_untrusted_activation_is_refused(tmp_path) -> None:
     extra = {"num_labels": 1, "sentence_transformers": {"activation_fn": "os.system"}}
     with pytest.raises(ResolutionError, match=r"only torch\.nn\.modules"):

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_models import FAMILIES, build, token_id
+from tiny_models import FAMILIES, build, build_cross_encoder, token_id
 from transformers import (
     AutoModel,
     AutoModelForCausalLM,
@@ -54,7 +54,8 @@ CASES = [
     Case("qwen2_embed", "qwen2", "causal", "LAST"),  # a *ForCausalLM converted to embed
     Case("llama_embed", "llama", "causal", "LAST"),
     *[Case(f"{f}_classify", f, "classify", "classify") for f in FAMILIES],
-    Case("bert_cross", "bert", "classify", "classify", num_labels=1),
+    # Saved by sentence-transformers' CrossEncoder (modules.json, its activation in its own config file).
+    Case("bert_cross", "bert", "cross_encoder", "classify", num_labels=1),
     *[Case(f"{f}_ner", f, "token_classify", "token_classify") for f in ("bert", "xlmr", "distilbert")],
     Case("qwen2_tokens", "qwen2", "embed", "token_embed", options={"task": "token_embed"}),
     Case("llama_reward", "llama", "causal", "reward", options={"task": "token_classify", "pooling_type": "STEP"}),
@@ -91,6 +92,8 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def folder_of(root: Path, case: Case) -> Path:
     if case.head == "real":
         return REAL_MODELS[case.family]()
+    if case.head == "cross_encoder":
+        return build_cross_encoder(root, case.family, case.num_labels)
     return build(root, case.family, case.head, case.num_labels, sentence_transformers_pooling=case.st_pooling)
 
 
@@ -102,6 +105,9 @@ def served(request, tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
         folder = folder_of(tiny_root, case)
         export_model(folder, ExportOptions(name=case.name, out=repository, runtime=runtime,
                                            **export_options(case, folder)))
+    # Three labels: sentence-transformers saves (and applies) Identity, where vLLM's default is softmax.
+    export_model(build_cross_encoder(tiny_root, "bert", 3), ExportOptions(name="bert_cross3", out=repository,
+                                                                         runtime=runtime))
     server = start_server(repository, repository / "server.log")
     client = PoolingClient(server.grpc_url, protocol="grpc")
     yield runtime, client, server, repository
@@ -241,6 +247,10 @@ def test_cross_encoder_equals_sentence_transformers(served, tiny_root: Path) -> 
     assert np.abs(pairs.probabilities[:, 0] - expected).max() <= MAX_ABS
     ranked = client.rerank(query, documents, model="bert_cross", top_n=3)
     assert [r.index for r in ranked] == list(np.argsort(-expected, kind="stable")[:3])
+    three = CrossEncoder(str(build_cross_encoder(tiny_root, "bert", 3)), device="cpu")
+    logits = three.predict([(query, d) for d in documents])
+    served3 = client.classify([query] * len(documents), model="bert_cross3", pairs=documents).probabilities
+    assert np.abs(served3 - logits).max() <= MAX_ABS and np.abs(served3.sum(axis=1) - 1).max() > 0.1
 
 
 def test_late_interaction_is_maxsim(served) -> None:

@@ -231,3 +231,14 @@ def build_st(root: Path, family: str, pooling_mode: str, dense: bool = False, no
     SentenceTransformer(modules=modules, device="cpu", prompts=PROMPTS if prompts else None,
                         default_prompt_name="query" if prompts else None).save(str(folder))
     return folder
+
+
+def build_cross_encoder(root: Path, family: str, num_labels: int) -> Path:
+    """The tiny `family` classifier saved by sentence-transformers' CrossEncoder itself (5+: modules.json,
+    its activation in config_sentence_transformers.json: Sigmoid for one label, else Identity)."""
+    from sentence_transformers import CrossEncoder
+
+    folder = root / f"ce-{family}-{num_labels}"
+    if not (folder / "modules.json").is_file():
+        CrossEncoder(str(build(root, family, "classify", num_labels=num_labels)), device="cpu").save(str(folder))
+    return folder

@@ -407,7 +407,7 @@ def _resolve_activation(files: ModelFiles, task: Task, num_labels: int | None, u
     if classifier_tokens:
         activation, sources["activation"] = Activation.SIGMOID, EXPLICIT
     else:
-        activation, sources["activation"] = _classifier_activation(files.hf, num_labels)
+        activation, sources["activation"] = _classifier_activation(files.hf, num_labels, files.st_config)
     if use_activation is None:
         use_activation, sources["use_activation"] = True, TASK_DEFAULT
     else:
@@ -451,11 +451,15 @@ def _labels(hf: dict[str, Any]) -> tuple[int, tuple[str, ...]]:
     return num, names
 
 
-def _classifier_activation(hf: dict[str, Any], num_labels: int | None) -> tuple[Activation, str]:
+def _classifier_activation(hf: dict[str, Any], num_labels: int | None,
+                           st_config: dict[str, Any] | None = None) -> tuple[Activation, str]:
     problem = hf.get("problem_type")
     if problem in _PROBLEM_TYPE_ACTIVATION:
         return _PROBLEM_TYPE_ACTIVATION[problem], HF_CONFIG
-    st = (hf.get("sentence_transformers") or {}).get("activation_fn") or hf.get(
+    # sentence-transformers' own order: a CrossEncoder saved by 5+ keeps it in config_sentence_transformers.json,
+    # older ones in config.json.
+    saved = (st_config or {}).get("activation_fn") if (st_config or {}).get("model_type") == "CrossEncoder" else None
+    st = saved or (hf.get("sentence_transformers") or {}).get("activation_fn") or hf.get(
         "sbert_ce_default_activation_function"
     )
     if st:

@@ -6,14 +6,15 @@ lowercasing step (`do_lower_case`), tokenizer arguments in sentence_bert_config.
 that transformers rebuilds from code and tokenizer_config.json instead of reading tokenizer.json (Qwen2,
 BERT), another maximum length or truncation side. The served vectors would be another text's. So before
 anything is exported, the ids of the library a user of the model runs are compared with the export's
-tokenizer's: `SentenceTransformer.preprocess` for a sentence-transformers model (each of its prompts too),
-else transformers' `AutoTokenizer` (as vLLM loads it; text pairs too for a classifier, which scores pairs),
-and the export is refused on any difference.
+tokenizer's: `SentenceTransformer.preprocess` for a sentence-transformers model (each of its prompts
+too), `CrossEncoder.preprocess` for its cross-encoders, else transformers' `AutoTokenizer` (as vLLM
+loads it); text pairs too for a classifier, which scores pairs. The export is refused on any difference.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -31,7 +32,8 @@ SPECIAL_TEXTS = [
     "  two  spaces\tand\ttabs\nand a new line  ",
     "URLs https://example.com/a?b=c&d=e and e-mail someone@example.org",
 ]
-SENTENCE_TRANSFORMERS, TRANSFORMERS = "sentence-transformers", "transformers' AutoTokenizer"
+SENTENCE_TRANSFORMERS, CROSS_ENCODER = "sentence-transformers", "sentence-transformers' CrossEncoder"
+TRANSFORMERS = "transformers' AutoTokenizer"
 # (texts, pairs or None, prompt or None) -> the library's ids per text, without padding.
 Library = Callable[[list[str], "list[str] | None", "str | None"], list[list[int]]]
 
@@ -43,8 +45,8 @@ def check_tokenization(model_dir: Path, tokenizer: TextTokenizer, config: Pooler
     texts = [*SPECIAL_TEXTS, *sample_texts(8, 20, seed=5), *sample_texts(2, config.max_length * 2, seed=6)]
     with _library(Path(model_dir), config, trust_remote_code) as (name, library):
         compared = 0
-        # sentence-transformers' SentenceTransformer takes no pairs (its models embed single texts).
-        pairs = list(reversed(texts)) if config.task is Task.CLASSIFY and name == TRANSFORMERS else None
+        # A SentenceTransformer takes no pairs (its models embed single texts).
+        pairs = list(reversed(texts)) if config.task is Task.CLASSIFY and name != SENTENCE_TRANSFORMERS else None
         prompts = (None, *(p for p in dict.fromkeys(config.prompts.values()) if p))
         for prompt, paired in [*((p, None) for p in prompts), *([(None, pairs)] if pairs else [])]:
             expected_rows = library(texts, paired, prompt)
@@ -71,18 +73,23 @@ class _library:
         # or the user chose (--max-length): the library is asked to cut there too, so its side is compared.
         max_length = self.config.max_length
         if (self.model_dir / "modules.json").is_file():
-            from sentence_transformers import SentenceTransformer
+            import sentence_transformers as st
 
-            self.model = SentenceTransformer(str(self.model_dir), device="cpu",
-                                             trust_remote_code=self.trust_remote_code)
+            saved = self.model_dir / "config_sentence_transformers.json"
+            kind = json.loads(saved.read_text()).get("model_type") if saved.is_file() else None
+            # A CrossEncoder (sentence-transformers 5+ saves one with modules.json) tokenizes pairs.
+            library = st.CrossEncoder if kind == "CrossEncoder" else st.SentenceTransformer
+            self.model = library(str(self.model_dir), device="cpu", trust_remote_code=self.trust_remote_code)
             limit = ({"max_length": max_length} if self.config.sources.get("max_length") in (HF_CONFIG, EXPLICIT)
                      else {})
 
             def sentence_transformers(texts: list[str], pairs: list[str] | None, prompt: str | None):
-                made = self.model.preprocess(texts, prompt=prompt, **limit)
+                made = self.model.preprocess(texts if pairs is None else list(zip(texts, pairs)), prompt=prompt,
+                                             **limit)
                 return list(_unpadded(made["input_ids"], made["attention_mask"]))
 
-            return SENTENCE_TRANSFORMERS, sentence_transformers
+            name = CROSS_ENCODER if kind == "CrossEncoder" else SENTENCE_TRANSFORMERS
+            return name, sentence_transformers
         from transformers import AutoTokenizer
 
         try:
