@@ -26,7 +26,7 @@ from pooltriton.core.semantics import PoolingType
 from pooltriton.core.tokenization import TextTokenizer
 from pooltriton.export.build import ExportOptions, export_model
 from pooltriton.export.corpus import corpus, sentences
-from pooltriton.export.defaults import minilm_path
+from pooltriton.export.defaults import minilm_path, rampart_path
 from pooltriton.export.encoder import load_encoder
 from pooltriton.export.quantize import (
     activation_ranges,
@@ -422,10 +422,11 @@ def test_every_generated_config_is_valid_triton_configuration() -> None:
         assert config.backend or config.platform == "ensemble", path
 
 
-def test_a_model_its_library_tokenizes_otherwise_is_refused_before_export(tmp_path: Path) -> None:
-    """Verification feeds both sides the same ids, so only this check sees a tokenizer.json that is not
-    what sentence-transformers runs: here its lowercasing lives in sentence_bert_config.json
-    (do_lower_case), which tokenizer.json does not carry, so "Hello" would be served as an unknown word."""
+def test_the_library_s_own_tokenizer_is_served_where_the_file_differs(tmp_path: Path) -> None:
+    """Verification feeds both sides the same ids, so only the tokenization check sees a tokenizer.json
+    that is not what sentence-transformers runs: here its lowercasing lives in sentence_bert_config.json
+    (do_lower_case, which the library adds to its Rust tokenizer's normaliser), so the file would serve
+    "Hello" as an unknown word. The file is refused by the check; the export serves the library's own."""
     folder = build(tmp_path / "models", "bert", "embed", sentence_transformers_pooling="mean_tokens")
     config = resolve(folder)
     assert check_tokenization(folder, TextTokenizer(str(folder / "tokenizer.json"), config.max_length), config) > 0
@@ -437,10 +438,13 @@ def test_a_model_its_library_tokenizes_otherwise_is_refused_before_export(tmp_pa
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
     st_config = json.loads((folder / "sentence_bert_config.json").read_text())
     (folder / "sentence_bert_config.json").write_text(json.dumps({**st_config, "do_lower_case": True}))
-    out = tmp_path / "repository"
+    file = TextTokenizer(str(folder / "tokenizer.json"), config.max_length)
     with pytest.raises(ResolutionError, match=r"sentence-transformers turns 'Hello WORLD.*other token ids.*differ"):
-        export_model(folder, ExportOptions(name="lowered", out=out, runtime="onnx"))
-    assert not out.exists() or not any(out.iterdir())
+        check_tokenization(folder, file, config)
+    out = tmp_path / "repository"
+    export_model(folder, ExportOptions(name="lowered", out=out, runtime="torchscript"))
+    served = TextTokenizer(str(out / "lowered_tokenizer" / "1" / "tokenizer.json"), config.max_length)
+    assert served.ids("Hello WORLD") == served.ids("hello world") != file.ids("Hello WORLD")
 
 
 def test_a_tokenizer_that_cuts_the_other_side_is_refused(tmp_path: Path) -> None:
@@ -460,26 +464,43 @@ def test_a_tokenizer_that_cuts_the_other_side_is_refused(tmp_path: Path) -> None
         check_tokenization(folder, TextTokenizer(str(folder / "tokenizer.json"), 32), resolve(folder, max_length=32))
 
 
-def test_a_model_transformers_tokenizes_otherwise_is_refused_before_export(tmp_path: Path) -> None:
+def test_the_export_serves_the_tokenizer_transformers_runs(tmp_path: Path) -> None:
     """Without sentence-transformers the library is transformers' AutoTokenizer (vLLM's too). For a Qwen2
-    model transformers 5 builds the tokenizer's pipeline from code around tokenizer.json's vocabulary, so a
-    tokenizer.json of another kind (this word-level one) is not what the model's users run."""
+    model transformers 5 builds the tokenizer's pipeline from code around tokenizer.json's vocabulary, so
+    this word-level tokenizer.json is not what the model's users run: the export serves what they run."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
     def compared(folder: Path) -> int:
         config = resolve(folder)
         return check_tokenization(folder, TextTokenizer(str(folder / "tokenizer.json"), config.max_length), config)
 
     # The tests' Qwen2 is a byte-level BPE that transformers rebuilds alike; a classifier's pairs are
-    # compared too (it scores pairs).
+    # compared too (it scores pairs), and so are a CrossEncoder's (saved by sentence-transformers).
     assert compared(build(tmp_path / "models", "qwen2", "classify")) == 2 * compared(
         build(tmp_path / "models", "qwen2", "embed")) > 0
-    folder = build(tmp_path / "models", "llama", "classify")
-    assert compared(folder) > 0
-    # A CrossEncoder saved by sentence-transformers (with modules.json) is compared as CrossEncoder pairs.
     assert compared(build_cross_encoder(tmp_path / "models", "bert", 1)) == 2 * compared(
         build(tmp_path / "models", "bert", "embed"))
+    folder = build(tmp_path / "models", "llama", "embed")
     hf = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**hf, "model_type": "qwen2"}))
-    out = tmp_path / "repository"
     with pytest.raises(ResolutionError, match=r"transformers' AutoTokenizer turns 'Hello WORLD.*other token ids"):
-        export_model(folder, ExportOptions(name="rebuilt", out=out, runtime="onnx"))
-    assert not out.exists() or not any(out.iterdir())
+        compared(folder)  # the file is not what transformers runs
+    out = tmp_path / "repository"
+    export_model(folder, ExportOptions(name="rebuilt", out=out, runtime="torchscript"))
+    served = PreTrainedTokenizerFast(tokenizer_file=str(out / "rebuilt_tokenizer" / "1" / "tokenizer.json"))
+    text = "Hello WORLD, one two three"
+    library, file = AutoTokenizer.from_pretrained(folder), PreTrainedTokenizerFast(tokenizer_file=str(
+        folder / "tokenizer.json"))
+    assert served(text)["input_ids"] == library(text)["input_ids"] != file(text)["input_ids"]
+
+
+def test_a_tokenizer_transformers_cuts_on_the_other_side_is_refused(tmp_path: Path) -> None:
+    """What transformers does outside its Rust tokenizer cannot be served: a token classifier whose
+    tokenizer_config keeps the end of a long text (truncation_side left)."""
+    folder = tmp_path / "rampart"
+    shutil.copytree(rampart_path(), folder)
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**settings, "truncation_side": "left"}))
+    config = resolve(folder)
+    with pytest.raises(ResolutionError, match=r"transformers' AutoTokenizer turns .* first differ at token 1"):
+        check_tokenization(folder, TextTokenizer(str(folder / "tokenizer.json"), config.max_length), config)

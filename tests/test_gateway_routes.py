@@ -149,7 +149,8 @@ def test_a_size_the_model_cannot_give_is_refused_before_it_runs(http, fake) -> N
     wrong = http.post("/v1/embeddings", json={"model": "emb", "input": "ab", "dimensions": 3}).json()["error"]
     assert wrong["message"] == "model 'emb' does not support 3 dimensions: it has 4 and declares only [2]"
     assert wrong["param"] == "dimensions"
-    cohere = http.post("/v2/embed", json={"model": "emb", "texts": ["a"], "output_dimension": 3})
+    cohere = http.post("/v2/embed", json={"model": "emb", "texts": ["a"], "output_dimension": 3,
+                                          "embedding_types": ["ubinary"]})  # the size is the error to report
     assert cohere.status_code == 400 and cohere.json()["error"]["param"] == "output_dimension"
     packed = http.post("/v2/embed", json={"model": "emb", "texts": ["a"], "output_dimension": 2,
                                           "embedding_types": ["float", "ubinary"]})

@@ -89,8 +89,8 @@ def test_classifier_activation_precedence(tmp_path, extra, activation, source) -
     assert (config.activation.value, config.sources["activation"]) == (activation, source)
 
 
-def test_a_cross_encoder_saved_by_sentence_transformers_5_keeps_its_activation_in_its_own_file(tmp_path) -> None:
-    """sentence-transformers 5+ writes a CrossEncoder's activation to config_sentence_transformers.json and
+def test_a_cross_encoder_saved_by_sentence_transformers_6_keeps_its_activation_in_its_own_file(tmp_path) -> None:
+    """sentence-transformers 6 writes a CrossEncoder's activation to config_sentence_transformers.json and
     reads it from there first; with three labels it saves Identity (softmax would be vLLM's default)."""
     folder = model_dir(tmp_path, "BertForSequenceClassification", "bert", extra={
         "num_labels": 3, "sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Sigmoid"}})
@@ -98,8 +98,14 @@ def test_a_cross_encoder_saved_by_sentence_transformers_5_keeps_its_activation_i
     saved.write_text(json.dumps({"model_type": "CrossEncoder", "activation_fn": "torch.nn.modules.linear.Identity"}))
     config = resolve(folder)
     assert (config.activation.value, config.sources["activation"]) == ("identity", "sentence-transformers")
+    # The library reads no problem_type, and its default for more than one label is Identity.
+    hf = json.loads((folder / "config.json").read_text())
+    del hf["sentence_transformers"]
+    (folder / "config.json").write_text(json.dumps({**hf, "problem_type": "single_label_classification"}))
+    saved.write_text(json.dumps({"model_type": "CrossEncoder", "activation_fn": None}))
+    assert resolve(folder).activation.value == "identity"
     saved.write_text(json.dumps({"model_type": "SentenceTransformer", "activation_fn": "os.system"}))
-    assert resolve(folder).activation.value == "sigmoid"  # not a CrossEncoder's file: config.json's
+    assert resolve(folder).activation.value == "softmax"  # not a CrossEncoder's file: config.json's problem_type
 
 
 def test_untrusted_activation_is_refused(tmp_path) -> None:

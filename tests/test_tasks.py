@@ -21,6 +21,7 @@ from transformers import (
     AutoModelForTokenClassification,
     AutoTokenizer,
     PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
 )
 
 from pooltriton.client import PoolingClient
@@ -224,16 +225,15 @@ def test_labels_come_back_with_probabilities(served) -> None:
 def test_cross_encoder_equals_sentence_transformers(served, tiny_root: Path) -> None:
     from sentence_transformers import CrossEncoder
 
-    _runtime, client, _server, _repository = served
+    _runtime, client, _server, repository = served
     case = next(c for c in CASES if c.name == "bert_cross")
     folder = folder_of(tiny_root, case)
     query = "relevant query"
-    # ASCII words: sentence-transformers loads the tokenizer through AutoTokenizer, which (transformers
-    # 5) rebuilds a BERT tokenizer from the vocabulary; on these texts it must give our exact ids.
     documents = [" ".join(w for w in t.split() if w.isascii() and w.isalpha()) or "answer"
                  for t in varied_texts(6, seed=5, max_words=12)]
     cross_encoder = CrossEncoder(str(folder), device="cpu")
-    ours = library_tokenizer(folder)
+    # The served tokenizer (the repository's file) makes the library's pairs.
+    ours = PreTrainedTokenizerFast(tokenizer_file=str(repository / "bert_cross_tokenizer" / "1" / "tokenizer.json"))
     for document in documents:
         assert cross_encoder.tokenizer(query, document)["input_ids"] == ours(query, document)["input_ids"]
     expected = cross_encoder.predict([(query, d) for d in documents])

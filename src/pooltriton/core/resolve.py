@@ -453,15 +453,18 @@ def _labels(hf: dict[str, Any]) -> tuple[int, tuple[str, ...]]:
 
 def _classifier_activation(hf: dict[str, Any], num_labels: int | None,
                            st_config: dict[str, Any] | None = None) -> tuple[Activation, str]:
+    # A CrossEncoder saved by sentence-transformers 6 runs the library's order, which never reads
+    # problem_type: its own file's activation_fn > config.json's > Sigmoid for one label, else Identity.
+    cross_encoder = (st_config or {}).get("model_type") == "CrossEncoder"
     problem = hf.get("problem_type")
-    if problem in _PROBLEM_TYPE_ACTIVATION:
+    if problem in _PROBLEM_TYPE_ACTIVATION and not cross_encoder:
         return _PROBLEM_TYPE_ACTIVATION[problem], HF_CONFIG
-    # sentence-transformers' own order: a CrossEncoder saved by 5+ keeps it in config_sentence_transformers.json,
-    # older ones in config.json.
-    saved = (st_config or {}).get("activation_fn") if (st_config or {}).get("model_type") == "CrossEncoder" else None
+    saved = (st_config or {}).get("activation_fn") if cross_encoder else None
     st = saved or (hf.get("sentence_transformers") or {}).get("activation_fn") or hf.get(
         "sbert_ce_default_activation_function"
     )
+    if not st and cross_encoder:
+        return (Activation.SIGMOID if num_labels == 1 else Activation.IDENTITY), SENTENCE_TRANSFORMERS
     if st:
         # Only torch.nn.modules classes are trusted, as sentence-transformers does.
         if not st.startswith("torch.nn.modules."):

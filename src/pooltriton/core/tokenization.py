@@ -9,6 +9,7 @@ is used at 256).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
@@ -41,20 +42,30 @@ class TokenIds:
 
 class TextTokenizer:
     def __init__(self, tokenizer_file: str, max_length: int, pad_token_id: int | None = None) -> None:
+        self._setup(Path(tokenizer_file).read_text(encoding="utf-8"), max_length, pad_token_id)
+
+    @classmethod
+    def from_str(cls, text: str, max_length: int, pad_token_id: int | None = None) -> TextTokenizer:
+        """From a tokenizer.json's text (the export's, before it is written anywhere)."""
+        tokenizer = cls.__new__(cls)
+        tokenizer._setup(text, max_length, pad_token_id)
+        return tokenizer
+
+    def _setup(self, text: str, max_length: int, pad_token_id: int | None) -> None:
         self.max_length = max_length
-        self._plain = Tokenizer.from_file(tokenizer_file)
+        self.text = text
+        self._plain = Tokenizer.from_str(text)
+        padding = self._plain.padding
         self._plain.no_padding()
         self._plain.no_truncation()
-        self._file = tokenizer_file
         # Separate instances with truncation preset (made on first use, per side and length): no
         # per-call mutation of shared state.
         self._cutters: dict[tuple[Truncation, int], Tokenizer] = {}
-        padding = Tokenizer.from_file(tokenizer_file).padding
         self.pad_token_id = pad_token_id if pad_token_id is not None else (padding or {}).get("pad_id", 0)
 
     def _cutter(self, side: Truncation, length: int) -> Tokenizer:
         if (side, length) not in self._cutters:
-            tokenizer = Tokenizer.from_file(self._file)
+            tokenizer = Tokenizer.from_str(self.text)
             tokenizer.no_padding()
             tokenizer.enable_truncation(length, direction="right" if side is Truncation.END else "left")
             self._cutters[(side, length)] = tokenizer

@@ -194,10 +194,9 @@ def classifier_tokens(model_dir: Path, tokens: tuple[str, str] | None) -> tuple[
 
 def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     # Heavy imports here, so `pooltriton inspect` and `--help` stay fast.
-    from pooltriton.core.tokenization import TextTokenizer
     from pooltriton.export.encoder import load_encoder, output_width
     from pooltriton.export.memory import encoder_memory
-    from pooltriton.export.tokens import check_tokenization
+    from pooltriton.export.tokens import served_tokenizer
     from pooltriton.export.verify import VerificationError
 
     requested = options
@@ -216,9 +215,8 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
             raise ResolutionError(f"--precision int8 serves embedding models (its bounds are cosine and "
                                   f"retrieval neighbours), not {config.task.value}")
         runtime, options = _auto_without_int8(requested, "int8 serves embedding models only")
-    tokenizer = TextTokenizer(str(tokenizer_file), config.max_length)
-    # Verification feeds both sides the same ids: that they are the library's is checked here, first.
-    check_tokenization(model_dir, tokenizer, config, options.trust_remote_code)
+    # Verification feeds both sides the same ids: the library's own tokenizer is served, checked here first.
+    tokenizer = served_tokenizer(model_dir, config, options.trust_remote_code)
     progress(f"loading {config.architecture} ({config.task.value}, {config.pooling_type.value} pooling)")
     encoder = load_encoder(model_dir, config, options.allow_pickle, options.trust_remote_code)
     width = output_width(encoder, config)
@@ -238,7 +236,7 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     for model in pipeline_configs(options, config, encoder.input_names, ENCODER_OUTPUT, width,
                                   tokenizer.pad_token_id, encoder_memory(model_dir)):
         model.write(out)
-    shutil.copy(tokenizer_file, out / names.tokenizer / "1" / "tokenizer.json")
+    (out / names.tokenizer / "1" / "tokenizer.json").write_text(tokenizer.text, encoding="utf-8")
     _write_json(encoder_dir / "verification.json", asdict(report))
     _write_json(out / names.ensemble / "pooler_config.json", config.to_json())
     print(f"exported {options.name} ({options.runtime}, {options.precision}) to {out}", file=sys.stderr)

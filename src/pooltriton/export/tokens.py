@@ -1,21 +1,25 @@
-"""The token ids the model's own library makes, against the export's tokenizer.
+"""The tokenizer to serve: the one the model's own library runs, checked against that library.
 
 Verification feeds the same token ids to the export and to the reference, so it cannot see a difference
-in how text becomes tokens: a chat template sentence-transformers applies to a decoder's texts, a
-lowercasing step (`do_lower_case`), tokenizer arguments in sentence_bert_config.json, a tokenizer class
-that transformers rebuilds from code and tokenizer_config.json instead of reading tokenizer.json (Qwen2,
-BERT), another maximum length or truncation side. The served vectors would be another text's. So before
-anything is exported, the ids of the library a user of the model runs are compared with the export's
-tokenizer's: `SentenceTransformer.preprocess` for a sentence-transformers model (each of its prompts
-too), `CrossEncoder.preprocess` for its cross-encoders, else transformers' `AutoTokenizer` (as vLLM
-loads it); text pairs too for a classifier, which scores pairs. The export is refused on any difference.
+in how text becomes tokens. transformers 5 builds many tokenizer classes' pipelines from code around
+tokenizer.json's vocabulary (Llama 2 / Mistral's Metaspace, Qwen2's split pattern, BERT's normaliser
+from tokenizer_config.json), so the file can tokenize otherwise than the library, and vLLM loads the
+library's (AutoTokenizer). So the export serves the library's own Rust tokenizer (its
+`backend_tokenizer`, the model's tokenizer.json where it has none), and before anything is exported
+compares the library's ids (and token types) with the served tokenizer's on mixed-case, accented, CJK,
+emoji, odd-whitespace and over-length texts: `SentenceTransformer.preprocess` for a
+sentence-transformers model (each of its prompts too), `CrossEncoder.preprocess` for its
+cross-encoders, else transformers' `AutoTokenizer`; text pairs too for a classifier, which scores
+pairs. What the library does outside its Rust tokenizer (a chat template sentence-transformers applies
+to a decoder's texts, its `do_lower_case`, the side a long text is cut on) shows as a difference, and
+the export is refused.
 """
 
 from __future__ import annotations
 
 import gc
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from pooltriton.core.resolve import EXPLICIT, HF_CONFIG, PoolerConfig, ResolutionError
@@ -34,86 +38,116 @@ SPECIAL_TEXTS = [
 ]
 SENTENCE_TRANSFORMERS, CROSS_ENCODER = "sentence-transformers", "sentence-transformers' CrossEncoder"
 TRANSFORMERS = "transformers' AutoTokenizer"
-# (texts, pairs or None, prompt or None) -> the library's ids per text, without padding.
-Library = Callable[[list[str], "list[str] | None", "str | None"], list[list[int]]]
+# (texts, pairs or None, prompt or None) -> the library's (ids, token types or None) per text, unpadded.
+Library = Callable[[list[str], "list[str] | None", "str | None"], list[tuple[list[int], "list[int] | None"]]]
+
+
+def served_tokenizer(model_dir: Path, config: PoolerConfig, trust_remote_code: bool = False) -> TextTokenizer:
+    """The library's own tokenizer, to be served (its text is `.text`), once it gives the library's ids."""
+    with _library(Path(model_dir), config, trust_remote_code) as library:
+        text = library.backend or (Path(model_dir) / "tokenizer.json").read_text(encoding="utf-8")
+        tokenizer = TextTokenizer.from_str(text, config.max_length)
+        _compare(library, tokenizer, config)
+    return tokenizer
 
 
 def check_tokenization(model_dir: Path, tokenizer: TextTokenizer, config: PoolerConfig,
                        trust_remote_code: bool = False) -> int:
     """Raise ResolutionError where the library's ids differ from `tokenizer`'s on any text. Returns the
     number of texts compared."""
+    with _library(Path(model_dir), config, trust_remote_code) as library:
+        return _compare(library, tokenizer, config)
+
+
+def _compare(library: _library, tokenizer: TextTokenizer, config: PoolerConfig) -> int:
     texts = [*SPECIAL_TEXTS, *sample_texts(8, 20, seed=5), *sample_texts(2, config.max_length * 2, seed=6)]
-    with _library(Path(model_dir), config, trust_remote_code) as (name, library):
-        compared = 0
-        # A SentenceTransformer takes no pairs (its models embed single texts).
-        pairs = list(reversed(texts)) if config.task is Task.CLASSIFY and name != SENTENCE_TRANSFORMERS else None
-        prompts = (None, *(p for p in dict.fromkeys(config.prompts.values()) if p))
-        for prompt, paired in [*((p, None) for p in prompts), *([(None, pairs)] if pairs else [])]:
-            expected_rows = library(texts, paired, prompt)
-            ours = tokenizer([(prompt or "") + text for text in texts], Truncation.END, paired)
-            for row, text in enumerate(texts):
-                expected = expected_rows[row]
-                got = ours.input_ids[row][: ours.lengths[row]].tolist()
-                if expected != got:
-                    raise ResolutionError(_difference(name, text, prompt, paired is not None, expected, got,
-                                                      config.max_length))
-                compared += 1
+    compared = 0
+    # A SentenceTransformer takes no pairs (its models embed single texts).
+    pairs = list(reversed(texts)) if config.task is Task.CLASSIFY and library.name != SENTENCE_TRANSFORMERS else None
+    prompts = (None, *(p for p in dict.fromkeys(config.prompts.values()) if p))
+    for prompt, paired in [*((p, None) for p in prompts), *([(None, pairs)] if pairs else [])]:
+        try:
+            expected_rows = library.encode(texts, paired, prompt)
+        except Exception as error:  # whatever stops the library stops the model's users too
+            raise ResolutionError(f"{library.name} cannot tokenize the check's texts, so what the export serves "
+                                  f"could not be compared with it ({type(error).__name__}: {error})") from None
+        ours = tokenizer([(prompt or "") + text for text in texts], Truncation.END, paired)
+        for row, text in enumerate(texts):
+            expected, types = expected_rows[row]
+            length = ours.lengths[row]
+            got = ours.input_ids[row][:length].tolist()
+            if expected != got:
+                raise ResolutionError(_difference(library.name, text, prompt, paired is not None, expected, got,
+                                                  config.max_length))
+            if types is not None and types != ours.token_type_ids[row][:length].tolist():
+                raise ResolutionError(f"{library.name} gives {text[:40]!r} other token types than the export's "
+                                      f"tokenizer ({types[:8]}... against {ours.token_type_ids[row][:8].tolist()}"
+                                      "...): the served vectors would not be the model's: not supported")
+            compared += 1
     return compared
 
 
 class _library:
-    """The model's library as a context: (its name, a function giving its ids); freed on exit."""
+    """The model's library as a context: its name, `encode` giving its ids, and `backend`, the JSON of its
+    Rust tokenizer (None where it has none); freed on exit."""
 
     def __init__(self, model_dir: Path, config: PoolerConfig, trust_remote_code: bool) -> None:
         self.model_dir, self.config, self.trust_remote_code = model_dir, config, trust_remote_code
         self.model = None
+        self.name = TRANSFORMERS
+        self.encode: Library = self._transformers
+        self.backend: str | None = None
 
-    def __enter__(self) -> tuple[str, Library]:
-        # A limit below the library's that the model's position table sets (no longer text could be read)
-        # or the user chose (--max-length): the library is asked to cut there too, so its side is compared.
-        max_length = self.config.max_length
+    def __enter__(self) -> _library:
         if (self.model_dir / "modules.json").is_file():
             import sentence_transformers as st
 
             saved = self.model_dir / "config_sentence_transformers.json"
             kind = json.loads(saved.read_text()).get("model_type") if saved.is_file() else None
-            # A CrossEncoder (sentence-transformers 5+ saves one with modules.json) tokenizes pairs.
-            library = st.CrossEncoder if kind == "CrossEncoder" else st.SentenceTransformer
-            self.model = library(str(self.model_dir), device="cpu", trust_remote_code=self.trust_remote_code)
-            limit = ({"max_length": max_length} if self.config.sources.get("max_length") in (HF_CONFIG, EXPLICIT)
-                     else {})
+            # A CrossEncoder (sentence-transformers 6 saves one with modules.json) tokenizes pairs.
+            loader = st.CrossEncoder if kind == "CrossEncoder" else st.SentenceTransformer
+            self.model = loader(str(self.model_dir), device="cpu", trust_remote_code=self.trust_remote_code)
+            self.name = CROSS_ENCODER if kind == "CrossEncoder" else SENTENCE_TRANSFORMERS
+            self.encode = self._sentence_transformers
+            tokenizer = getattr(self.model, "tokenizer", None)
+        else:
+            from transformers import AutoTokenizer
 
-            def sentence_transformers(texts: list[str], pairs: list[str] | None, prompt: str | None):
-                made = self.model.preprocess(texts if pairs is None else list(zip(texts, pairs)), prompt=prompt,
-                                             **limit)
-                return list(_unpadded(made["input_ids"], made["attention_mask"]))
+            try:
+                self.model = tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir),
+                                                                       trust_remote_code=self.trust_remote_code)
+            except Exception as error:  # whatever stops transformers stops the model's users too
+                raise ResolutionError(f"transformers cannot load this model's tokenizer, so what it serves could "
+                                      f"not be compared with the library ({type(error).__name__}: {error})") from None
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.backend = backend.to_str() if backend is not None else None
+        return self
 
-            name = CROSS_ENCODER if kind == "CrossEncoder" else SENTENCE_TRANSFORMERS
-            return name, sentence_transformers
-        from transformers import AutoTokenizer
+    def _sentence_transformers(self, texts: list[str], pairs: list[str] | None, prompt: str | None):
+        # A limit below the library's that the model's position table sets (no longer text could be read)
+        # or the user chose (--max-length): the library is asked to cut there too, so its side is compared.
+        limit = ({"max_length": self.config.max_length}
+                 if self.config.sources.get("max_length") in (HF_CONFIG, EXPLICIT) else {})
+        made = self.model.preprocess(texts if pairs is None else list(zip(texts, pairs)), prompt=prompt, **limit)
+        return _rows(made)
 
-        try:
-            self.model = AutoTokenizer.from_pretrained(str(self.model_dir), trust_remote_code=self.trust_remote_code)
-        except Exception as error:  # whatever stops transformers stops the model's users too
-            raise ResolutionError(f"transformers cannot load this model's tokenizer, so what it serves could not be "
-                                  f"compared with the library ({type(error).__name__}: {error})") from None
-
-        def transformers(texts: list[str], pairs: list[str] | None, prompt: str | None):
-            texts = [(prompt or "") + text for text in texts]
-            made = self.model(texts, pairs, truncation=True, max_length=max_length)
-            return [list(ids) for ids in made["input_ids"]]
-
-        return TRANSFORMERS, transformers
+    def _transformers(self, texts: list[str], pairs: list[str] | None, prompt: str | None):
+        texts = [(prompt or "") + text for text in texts]
+        made = self.model(texts, pairs, truncation=True, max_length=self.config.max_length)  # lists: no padding
+        types = made.get("token_type_ids") or [None] * len(texts)
+        return [(list(ids), list(kinds) if kinds is not None else None) for ids, kinds in zip(made["input_ids"], types)]
 
     def __exit__(self, *_exc) -> None:
         self.model = None
         gc.collect()
 
 
-def _unpadded(ids, mask) -> Iterator[list[int]]:
-    mask = mask.bool()
-    for row in range(len(ids)):
-        yield ids[row][mask[row]].tolist()
+def _rows(made) -> list[tuple[list[int], list[int] | None]]:
+    """Each text's ids (and token types, where the library makes them) without its padding."""
+    mask = made["attention_mask"].bool()
+    types = made.get("token_type_ids")
+    return [(made["input_ids"][row][mask[row]].tolist(),
+             types[row][mask[row]].tolist() if types is not None else None) for row in range(len(mask))]
 
 
 def _difference(library: str, text: str, prompt: str | None, paired: bool, expected: list[int], got: list[int],

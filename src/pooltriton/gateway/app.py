@@ -33,6 +33,7 @@ from tritonclient.utils import InferenceServerException
 from pooltriton.client.coalesce import IN_FLIGHT
 from pooltriton.client.service import PoolingService, Transport, TritonTransport
 from pooltriton.contract import ADMIN_KEY_ENV, QUEUE_TIMEOUT_MS, admin_headers
+from pooltriton.contract.requests import check_dimensions
 from pooltriton.gateway.body_limit import BodyLimit
 from pooltriton.gateway.disconnect import CancelOnDisconnect
 from pooltriton.gateway.guard import Guard
@@ -136,11 +137,15 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request):
     serving, service = _serving(request)
     model = await serving.model(body.model, "embed")
     prompt = cohere_prompt(model, body.input_type)
+    try:  # the size first: a size the model cannot give is the error to report, whatever its types
+        check_dimensions(model, body.output_dimension)
+    except ValueError as error:
+        raise APIError(400, str(error), "output_dimension") from None
     check_packing(body.embedding_types, body.output_dimension or model.width)
     pooled = await serving(service.encode(body.texts, model=model.name, priority=body.priority,
                                           dimensions=body.output_dimension, **body.parameters(),
                                           **({"prompt_name": prompt} if prompt else {})),
-                           fields={"dimensions": "output_dimension"})
+                           fields={"dimensions": "output_dimension", "input": "texts"})
     vectors = pooled.values
     embeddings = {kind: cohere_encode(vectors, kind) for kind in dict.fromkeys(body.embedding_types)}
     return JSON({"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": body.texts,
