@@ -37,7 +37,7 @@ from pooltriton.export.quantize import (
     smoothing_scales,
 )
 from pooltriton.export.reference import load_reference
-from pooltriton.export.tokens import check_tokenization
+from pooltriton.export.tokens import check_tokenization, served_tokenizer
 from pooltriton.export.verify import (
     MEAN_COSINE,
     MIN_COSINE,
@@ -504,3 +504,37 @@ def test_a_tokenizer_transformers_cuts_on_the_other_side_is_refused(tmp_path: Pa
     config = resolve(folder)
     with pytest.raises(ResolutionError, match=r"transformers' AutoTokenizer turns .* first differ at token 1"):
         check_tokenization(folder, TextTokenizer(str(folder / "tokenizer.json"), config.max_length), config)
+
+
+def test_a_llama_2_era_tokenizer_is_served_as_transformers_rebuilds_it(tmp_path: Path) -> None:
+    """Llama 2 / Mistral v0.1-era tokenizer.json (a Prepend + Replace normaliser, LlamaTokenizer): transformers
+    5 rebuilds it as Metaspace, which puts one '▁' fewer before a leading space. vLLM and transformers
+    users get the rebuilt ids, so those are served."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
+    from transformers import AutoTokenizer
+
+    from corpus import varied_texts
+
+    folder = tmp_path / "llama2"
+    shutil.copytree(build(tmp_path / "models", "llama", "embed"), folder)
+    bpe = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    bpe.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    bpe.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    trainer = trainers.BpeTrainer(vocab_size=600, show_progress=False, special_tokens=[
+        "<pad>", "<unk>", "<s>", "</s>", *(f"<0x{i:02X}>" for i in range(256))])
+    bpe.train_from_iterator(varied_texts(200, seed=1, max_words=20), trainer)
+    bpe.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                       special_tokens=[("<s>", 2)])
+    bpe.save(str(folder / "tokenizer.json"))
+    (folder / "special_tokens_map.json").unlink(missing_ok=True)
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False, "legacy": False,
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}))
+    config = resolve(folder)
+    text = "  two  spaces and a leading space"
+    library = AutoTokenizer.from_pretrained(folder)(text)["input_ids"]
+    assert library != bpe.encode(text).ids  # the file is not what transformers runs
+    with pytest.raises(ResolutionError, match="first differ"):
+        check_tokenization(folder, TextTokenizer(str(folder / "tokenizer.json"), config.max_length), config)
+    assert served_tokenizer(folder, config).ids(text) == library
