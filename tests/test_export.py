@@ -457,11 +457,13 @@ def test_a_tokenizer_that_cuts_the_other_side_is_refused(tmp_path: Path) -> None
     assert check_tokenization(folder, tokenizer, config) > 0
     settings = json.loads((folder / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**settings, "truncation_side": "left"}))
+    out = tmp_path / "repository"
     with pytest.raises(ResolutionError, match="first differ at token 1"):
-        check_tokenization(folder, tokenizer, config)
+        export_model(folder, ExportOptions(name="left", out=out, runtime="onnx"))
+    assert not out.exists() or not any(out.iterdir())  # nothing written
     # A shorter limit chosen with --max-length is asked of the library too: the side still shows.
     with pytest.raises(ResolutionError, match="first differ at token 1"):
-        check_tokenization(folder, TextTokenizer(str(folder / "tokenizer.json"), 32), resolve(folder, max_length=32))
+        served_tokenizer(folder, resolve(folder, max_length=32))
 
 
 def test_the_export_serves_the_tokenizer_transformers_runs(tmp_path: Path) -> None:
@@ -483,6 +485,9 @@ def test_the_export_serves_the_tokenizer_transformers_runs(tmp_path: Path) -> No
     folder = build(tmp_path / "models", "llama", "embed")
     hf = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**hf, "model_type": "qwen2"}))
+    # Qwen2Tokenizer's default eos (<|endoftext|>) would be a token past the embeddings: name one it has.
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**settings, "eos_token": "<pad>"}))
     with pytest.raises(ResolutionError, match=r"transformers' AutoTokenizer turns 'Hello WORLD.*other token ids"):
         compared(folder)  # the file is not what transformers runs
     out = tmp_path / "repository"
@@ -503,7 +508,7 @@ def test_a_tokenizer_transformers_cuts_on_the_other_side_is_refused(tmp_path: Pa
     (folder / "tokenizer_config.json").write_text(json.dumps({**settings, "truncation_side": "left"}))
     config = resolve(folder)
     with pytest.raises(ResolutionError, match=r"transformers' AutoTokenizer turns .* first differ at token 1"):
-        check_tokenization(folder, TextTokenizer(str(folder / "tokenizer.json"), config.max_length), config)
+        served_tokenizer(folder, config)
 
 
 def test_a_llama_2_era_tokenizer_is_served_as_transformers_rebuilds_it(tmp_path: Path) -> None:
@@ -538,3 +543,8 @@ def test_a_llama_2_era_tokenizer_is_served_as_transformers_rebuilds_it(tmp_path:
     with pytest.raises(ResolutionError, match="first differ"):
         check_tokenization(folder, TextTokenizer(str(folder / "tokenizer.json"), config.max_length), config)
     assert served_tokenizer(folder, config).ids(text) == library
+    # Tokens the library adds past the model's embedding table are refused (no row for their ids).
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        **json.loads((folder / "tokenizer_config.json").read_text()), "eos_token": "<|new|>"}))
+    with pytest.raises(ResolutionError, match=r"past its .* embeddings"):
+        served_tokenizer(folder, config)

@@ -85,7 +85,10 @@ def _tokenizer(family: str) -> tuple[Tokenizer, dict]:
     specials = SPECIALS[kind]
     if family == "qwen2":
         tokenizer = _byte_level_bpe(specials)
-        return tokenizer, {"vocab": tokenizer.get_vocab(), "tokens": {"pad_token": "<pad>", "unk_token": "<unk>"}}
+        # eos named too: else transformers' Qwen2Tokenizer adds its default <|endoftext|>, an id past the
+        # embedding table.
+        return tokenizer, {"vocab": tokenizer.get_vocab(),
+                           "tokens": {"pad_token": "<pad>", "unk_token": "<unk>", "eos_token": "<pad>"}}
     vocab = {token: i for i, token in enumerate(specials + _words())}
     unk = "[UNK]" if kind == "bert" else "<unk>"
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=unk))

@@ -44,11 +44,23 @@ Library = Callable[[list[str], "list[str] | None", "str | None"], list[tuple[lis
 
 def served_tokenizer(model_dir: Path, config: PoolerConfig, trust_remote_code: bool = False) -> TextTokenizer:
     """The library's own tokenizer, to be served (its text is `.text`), once it gives the library's ids."""
-    with _library(Path(model_dir), config, trust_remote_code) as library:
-        text = library.backend or (Path(model_dir) / "tokenizer.json").read_text(encoding="utf-8")
-        tokenizer = TextTokenizer.from_str(text, config.max_length)
+    model_dir = Path(model_dir)
+    with _library(model_dir, config, trust_remote_code) as library:
+        text = library.backend or (model_dir / "tokenizer.json").read_text(encoding="utf-8")
+        tokenizer = TextTokenizer.from_str(text, config.max_length, library.pad_token_id)
+        _check_vocabulary(model_dir, library.name, tokenizer)
         _compare(library, tokenizer, config)
     return tokenizer
+
+
+def _check_vocabulary(model_dir: Path, name: str, tokenizer: TextTokenizer) -> None:
+    """Tokens the library adds to the file's vocabulary (a class's default special tokens) past the
+    model's embedding table would reach the encoder as ids it has no row for."""
+    rows = json.loads((model_dir / "config.json").read_text()).get("vocab_size")
+    file = TextTokenizer(str(model_dir / "tokenizer.json"), tokenizer.max_length)
+    if isinstance(rows, int) and tokenizer.vocab_size > max(rows, file.vocab_size):
+        raise ResolutionError(f"{name} adds tokens to the model's vocabulary ({tokenizer.vocab_size} ids against "
+                              f"{file.vocab_size} in tokenizer.json) past its {rows} embeddings: not supported")
 
 
 def check_tokenization(model_dir: Path, tokenizer: TextTokenizer, config: PoolerConfig,
@@ -97,6 +109,7 @@ class _library:
         self.name = TRANSFORMERS
         self.encode: Library = self._transformers
         self.backend: str | None = None
+        self.pad_token_id: int | None = None
 
     def __enter__(self) -> _library:
         if (self.model_dir / "modules.json").is_file():
@@ -121,6 +134,7 @@ class _library:
                                       f"not be compared with the library ({type(error).__name__}: {error})") from None
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self.backend = backend.to_str() if backend is not None else None
+        self.pad_token_id = getattr(tokenizer, "pad_token_id", None)  # where the file has no padding section
         return self
 
     def _sentence_transformers(self, texts: list[str], pairs: list[str] | None, prompt: str | None):
@@ -163,7 +177,7 @@ def _difference(library: str, text: str, prompt: str | None, paired: bool, expec
     else:
         why = (f"they first differ at token {common} (a chat template, lowercasing, a tokenizer class that "
                "transformers builds from code, the side a long text is cut on, or tokenizer arguments in "
-               "sentence_bert_config.json or tokenizer_config.json that tokenizer.json does not carry)")
-    return (f"{library} turns {shown!r}{with_prompt} into other token ids than the export's "
-            f"tokenizer (tokenizer.json): {expected[:8]}... ({len(expected)} tokens) against {got[:8]}... "
+               "sentence_bert_config.json or tokenizer_config.json that its Rust tokenizer does not carry)")
+    return (f"{library} turns {shown!r}{with_prompt} into other token ids than the tokenizer the export "
+            f"would serve: {expected[:8]}... ({len(expected)} tokens) against {got[:8]}... "
             f"({len(got)} tokens); {why}. The served vectors would not be the model's: not supported")
