@@ -404,10 +404,39 @@ def test_a_broken_export_fails_with_one_paragraph(large_logit_classifier: Path, 
                               "transformers (AutoModelForTokenClassification) with vLLM's ALL pooling beyond its "
                               "bound"), err
     assert "FAILED" in err and "--tolerance" in message and not list(tmp_path.iterdir())
+    assert not list(tmp_path.parent.glob(".pooltriton-export-*"))  # nor beside it
     # The same file with a tolerance that admits 0.1 %: exported, and the report says which bound held.
     assert main(["export", str(large_logit_classifier), "--name", "pii", "--out", str(tmp_path),
                  "--runtime", "openvino", "--tolerance", "0.01"]) == 0
     assert json.loads((tmp_path / "pii_encoder" / "verification.json").read_text())["tolerance"] == 0.01
+    served = {path.relative_to(tmp_path): path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    # A re-export that fails leaves the model that was served, every file of it, and nothing else.
+    assert main(["export", str(large_logit_classifier), "--name", "pii", "--out", str(tmp_path),
+                 "--runtime", "openvino"]) == 1
+    assert {path.relative_to(tmp_path): path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == served
+    assert not list(tmp_path.parent.glob(".pooltriton-export-*"))
+
+
+def test_a_failure_after_the_encoder_leaves_the_repository_as_it_was(tmp_path: Path, monkeypatch) -> None:
+    """The export writes the configurations after minutes of encoder export and verification: a failure
+    there (here a disk that refuses one file) leaves no stage of the model behind, and a Matryoshka size
+    the model cannot have is refused before any of it."""
+    from pooltriton.export import build as build_module
+
+    model = build(tmp_path / "models", "bert", "embed")
+    out = tmp_path / "repository"
+    (out / "other").mkdir(parents=True)  # another model's folder stays as it is
+    with pytest.raises(ResolutionError, match="Matryoshka dimensions must be below the embedding width"):
+        export_model(model, ExportOptions(name="m", out=out, runtime="openvino", matryoshka_dimensions=(4096,)))
+
+    def full_disk(path: Path, data: dict) -> None:
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(build_module, "_write_json", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        export_model(model, ExportOptions(name="m", out=out, runtime="openvino"))
+    assert sorted(path.name for path in out.iterdir()) == ["other"]
+    assert not list(tmp_path.glob(".pooltriton-export-*"))
 
 
 def test_every_generated_config_is_valid_triton_configuration() -> None:

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -78,6 +80,8 @@ BUCKETS = (16, 32, 64, 128, 256, 512)
 # ONNX Runtime runs ~20 % faster at 4-16 rows of ~130 tokens than at 64 (activations stay in cache),
 # so chunks stay small (docs/performance.md); a GPU wants big launches.
 RAGGED_TOKEN_BUDGET = {CPU: 2048, CUDA: 32768}
+# Where an export writes before its stages are moved into the repository (export_model).
+STAGING_PREFIX = ".pooltriton-export-"
 # fp32 keeps the exported answers; 1 GiB workspace is the onnxruntime backend's documented example.
 TENSORRT = Accelerator("tensorrt", {"precision_mode": "FP32", "max_workspace_size_bytes": str(1 << 30)})
 
@@ -220,27 +224,59 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     progress(f"loading {config.architecture} ({config.task.value}, {config.pooling_type.value} pooling)")
     encoder = load_encoder(model_dir, config, options.allow_pickle, options.trust_remote_code)
     width = output_width(encoder, config)
+    check_matryoshka(options, config, width)  # before minutes of export, not after
     out = Path(options.out)
     names = stages(options.name)
+    # Everything is written beside the repository first and moved in only once verified and complete: a
+    # failed (re-)export leaves the model that was there, and a server never finds half of one.
+    staging = _staging_folder(out, options.name)
     try:
-        report = _export_encoder(model_dir, encoder, config, tokenizer, options, runtime, progress)
-    except VerificationError as error:
-        if not (requested.precision == AUTO and options.precision == INT8):
-            raise
-        runtime, options = _auto_without_int8(requested, f"int8 missed its bounds: {error}")
-        report = _export_encoder(model_dir, encoder, config, tokenizer, options, runtime, progress)
-    print(report.table(), file=sys.stderr)
-    encoder_dir = out / names.encoder
-
-    progress(f"writing model configurations under {out}")
-    for model in pipeline_configs(options, config, encoder.input_names, ENCODER_OUTPUT, width,
-                                  tokenizer.pad_token_id, encoder_memory(model_dir)):
-        model.write(out)
-    (out / names.tokenizer / "1" / "tokenizer.json").write_text(tokenizer.text, encoding="utf-8")
-    _write_json(encoder_dir / "verification.json", asdict(report))
-    _write_json(out / names.ensemble / "pooler_config.json", config.to_json())
+        try:
+            report = _export_encoder(model_dir, encoder, config, tokenizer, options, runtime, progress, staging)
+        except VerificationError as error:
+            if not (requested.precision == AUTO and options.precision == INT8):
+                raise
+            runtime, options = _auto_without_int8(requested, f"int8 missed its bounds: {error}")
+            report = _export_encoder(model_dir, encoder, config, tokenizer, options, runtime, progress, staging)
+        print(report.table(), file=sys.stderr)
+        progress(f"writing model configurations under {out}")
+        for model in pipeline_configs(options, config, encoder.input_names, ENCODER_OUTPUT, width,
+                                      tokenizer.pad_token_id, encoder_memory(model_dir)):
+            model.write(staging)
+        (staging / names.tokenizer / "1" / "tokenizer.json").write_text(tokenizer.text, encoding="utf-8")
+        _write_json(staging / names.encoder / "verification.json", asdict(report))
+        _write_json(staging / names.ensemble / "pooler_config.json", config.to_json())
+        _publish(staging, out, names)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     print(f"exported {options.name} ({options.runtime}, {options.precision}) to {out}", file=sys.stderr)
     return asdict(report)
+
+
+def _staging_folder(out: Path, name: str) -> Path:
+    """A new folder for an export's files, beside the repository rather than in it (Triton takes every
+    folder of a repository for a model, hidden ones too, and `--load-model=*` fails on one that is not),
+    on the repository's filesystem where its parent is writable, so that moving the stages in is a rename."""
+    out.mkdir(parents=True, exist_ok=True)
+    parent = out.resolve().parent
+    base = parent if os.access(parent, os.W_OK) else Path(tempfile.gettempdir())
+    prefix = f"{STAGING_PREFIX}{out.resolve().name}.{name}."
+    for stale in base.glob(f"{prefix}*"):  # a killed export's
+        shutil.rmtree(stale, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
+def _publish(staging: Path, out: Path, names: Stages) -> None:
+    """Move the staged stages in for the model's previous ones, the old ones (a stage this export no
+    longer has too) moved aside first and removed with the staging folder."""
+    retired = staging / "retired"
+    retired.mkdir()
+    for stage in names:
+        if (out / stage).exists() or (out / stage).is_symlink():
+            shutil.move(out / stage, retired / stage)
+    for stage in names:
+        if (staging / stage).exists():
+            shutil.move(staging / stage, out / stage)
 
 
 def _auto_without_int8(requested: ExportOptions, reason: str) -> tuple[Runtime, ExportOptions]:
@@ -251,18 +287,18 @@ def _auto_without_int8(requested: ExportOptions, reason: str) -> tuple[Runtime, 
 
 
 def _export_encoder(model_dir: Path, encoder, config: PoolerConfig, tokenizer, options: ExportOptions,
-                    runtime: Runtime, progress: Progress):
-    """Export the encoder into its stage's version folder and verify it against the user's library; on
-    any failure nothing of the model stays in the repository for a server to load."""
+                    runtime: Runtime, progress: Progress, out: Path):
+    """Export the encoder into its stage's version folder under `out` (the staging folder) and verify it
+    against the user's library; a failure leaves nothing of it there."""
     from pooltriton.export.reference import load_reference
     from pooltriton.export.verify import VerificationError, exporter, verify
 
-    out, names = Path(options.out), stages(options.name)
-    for stage in names:
-        shutil.rmtree(out / stage, ignore_errors=True)
+    names = stages(options.name)
+    shutil.rmtree(out / names.encoder, ignore_errors=True)  # int8's attempt, before auto's next precision
     version = out / names.encoder / "1"
     artefact = version / runtime.artefact(options.precision)
-    progress(f"exporting {options.runtime} encoder ({options.precision}, {options.device}) to {artefact}")
+    progress(f"exporting {options.runtime} encoder ({options.precision}, {options.device}) to "
+             f"{Path(options.out) / artefact.relative_to(out)}")
     export, runner = exporter(options.runtime)
     # ONNX stays fp32 (OpenVINO lowers the precision when it compiles, NNCF quantizes it for int8);
     # TorchScript is traced in the serving precision on the serving device.
@@ -291,8 +327,7 @@ def _export_encoder(model_dir: Path, encoder, config: PoolerConfig, tokenizer, o
         report.quantization = quantization.summary() if quantization else None
         return report
     except BaseException as error:
-        for stage in names:
-            shutil.rmtree(out / stage, ignore_errors=True)
+        shutil.rmtree(out / names.encoder, ignore_errors=True)
         if isinstance(error, VerificationError) and error.report is not None:
             print(error.report.table(), file=sys.stderr)
         raise
@@ -346,6 +381,12 @@ class _Tensors:
     prompt_tokens: Tensor
 
 
+def check_matryoshka(options: ExportOptions, config: PoolerConfig, width: int) -> None:
+    if options.matryoshka_dimensions and (not config.task.is_embedding
+                                          or any(not 0 < d < width for d in options.matryoshka_dimensions)):
+        raise ResolutionError(f"Matryoshka dimensions must be below the embedding width {width}, for embed tasks")
+
+
 def pipeline_configs(
     options: ExportOptions,
     config: PoolerConfig,
@@ -357,9 +398,7 @@ def pipeline_configs(
 ) -> list[ModelConfig]:
     """tokenizer -> encoder -> pooler behind one ensemble, and a scorer where the model can score."""
     per_token = config.task.per_token
-    if options.matryoshka_dimensions and (not config.task.is_embedding
-                                          or any(not 0 < d < width for d in options.matryoshka_dimensions)):
-        raise ResolutionError(f"Matryoshka dimensions must be below the embedding width {width}, for embed tasks")
+    check_matryoshka(options, config, width)
     pooler_extra = [n for n in (ATTENTION_MASK, INPUT_IDS) if per_token]
     output = Tensor(OUTPUT_NAMES[config.task], "TYPE_FP32", (width,))
     tensors = _Tensors(
