@@ -391,7 +391,10 @@ def test_classify_and_pooling_take_token_ids_and_pooling_checks_its_task(http, f
     pooled = http.post("/pooling", json={"model": "emb", "input": [5, 6], "task": "embed"})
     assert pooled.status_code == 200 and fake.requests[-1].parameters == {"input_format": "token_ids"}
     wrong = http.post("/pooling", json={"model": "emb", "input": "x", "task": "token_classify"})
-    assert wrong.status_code == 400 and "serves task 'embed', not 'token_classify'" in wrong.json()["error"]["message"]
+    error = wrong.json()["error"]
+    assert wrong.status_code == 400 and "serves task 'embed', not 'token_classify'" in error["message"]
+    # /pooling serves every task: the hint is the task to name, not a route (it was "use /pooling" there).
+    assert error["message"].endswith('send "task": "embed" or leave it out') and error["param"] == "task"
     body = http.post("/v1/embeddings", json={"model": "emb", "input": "x"}).json()
     assert body["id"].startswith("embd-") and body["created"] > 0
 

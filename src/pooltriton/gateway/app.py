@@ -54,6 +54,7 @@ from pooltriton.gateway.protocol import (
 )
 from pooltriton.gateway.serving import (
     JSON,
+    POOLING_ROUTE,
     Serving,
     as_texts,
     base64_vector,
@@ -200,10 +201,10 @@ for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
     router.post(path)(rerank_route)
 
 
-@router.post("/pooling")
+@router.post(POOLING_ROUTE)
 async def pooling(body: PoolingRequest, request: Request):
     serving, service = _serving(request)
-    model = await serving.model(body.model, body.task)
+    model = await serving.model(body.model, body.task, POOLING_ROUTE)
     texts, input_format = encode_inputs(body.input)
     pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **body.parameters(),
                                           **input_format))

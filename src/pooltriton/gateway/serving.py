@@ -28,16 +28,19 @@ from pooltriton.gateway.protocol import APIError
 T = TypeVar("T")
 
 
+POOLING_ROUTE = "/pooling"
+
+
 class Serving:
     """The service as the routes use it: every call's errors as APIError with their HTTP status."""
 
     def __init__(self, service: PoolingService) -> None:
         self.service = service
 
-    async def model(self, name: str | None, task: str | None = None) -> ServedModel:
+    async def model(self, name: str | None, task: str | None = None, route: str | None = None) -> ServedModel:
         """The served model a body names, which must serve `task` where one is given (vLLM answers 400,
         "the model does not support" the route's API), or the first for `task`; the model list is read on
-        first use."""
+        first use. `route`: the asking route, where its body names the task (/pooling)."""
         if not self.service.models:
             try:
                 await self.service.refresh()
@@ -46,7 +49,7 @@ class Serving:
         try:
             return self.service.served(name, task)
         except WrongTask as error:
-            raise wrong_task(error) from None
+            raise wrong_task(error, route) from None
         except RequestError as error:
             raise APIError(400, str(error), error.param) from None
         except ModelNotFound as error:
@@ -182,9 +185,12 @@ class JSON(Response):
         return dump_json(content)
 
 
-def wrong_task(error: WrongTask) -> APIError:
-    """vLLM's 400 for a model that does not serve the route's API, with the route that does serve it."""
+def wrong_task(error: WrongTask, route: str | None = None) -> APIError:
+    """vLLM's 400 for a model that does not serve the route's API, with the route that does serve it, or
+    on /pooling (which serves every task, named in its body) the task to name."""
     served = error.model
-    route = "/pooling" if served.per_token else "/classify" if served.task == "classify" else None
-    where = f"; use {route}" if route else ""
+    if route == POOLING_ROUTE:
+        return APIError(400, f'{error}: send "task": "{served.task}" or leave it out', "task")
+    hint = POOLING_ROUTE if served.per_token else "/classify" if served.task == "classify" else None
+    where = f"; use {hint}" if hint else ""
     return APIError(400, f"{error}: it does not serve this API{where}", "model")
