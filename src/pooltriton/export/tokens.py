@@ -22,6 +22,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from pooltriton.core.resolve import EXPLICIT, HF_CONFIG, PoolerConfig, ResolutionError
 from pooltriton.core.semantics import Task, Truncation
 from pooltriton.core.tokenization import TextTokenizer
@@ -57,10 +59,10 @@ def _check_vocabulary(model_dir: Path, name: str, tokenizer: TextTokenizer) -> N
     """Tokens the library adds to the file's vocabulary (a class's default special tokens) past the
     model's embedding table would reach the encoder as ids it has no row for."""
     rows = json.loads((model_dir / "config.json").read_text()).get("vocab_size")
-    file = TextTokenizer(str(model_dir / "tokenizer.json"), tokenizer.max_length)
-    if isinstance(rows, int) and tokenizer.vocab_size > max(rows, file.vocab_size):
+    in_file = Tokenizer.from_file(str(model_dir / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    if isinstance(rows, int) and tokenizer.vocab_size > max(rows, in_file):
         raise ResolutionError(f"{name} adds tokens to the model's vocabulary ({tokenizer.vocab_size} ids against "
-                              f"{file.vocab_size} in tokenizer.json) past its {rows} embeddings: not supported")
+                              f"{in_file} in tokenizer.json) past its {rows} embeddings: not supported")
 
 
 def check_tokenization(model_dir: Path, tokenizer: TextTokenizer, config: PoolerConfig,
