@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pooltriton.backends.ragged import MemoryModel, RaggedStats, plan_chunks, run_ragged, sequentially
-from pooltriton.contract.config import DynamicBatching, ModelConfig, Tensor
+from pooltriton.contract.config import DynamicBatching, ModelConfig, Tensor, repository_models
 from pooltriton.contract.parameters import (
     STAGE_PARAMETERS,
     EncoderParameters,
@@ -324,3 +324,15 @@ def test_stage_parameters_round_trip_through_triton_s_own_config_parser(paramete
     assert back == parameters
     assert STAGE_PARAMETERS  # every stage's class is exercised above
     assert {type(p) for p in STAGE_EXAMPLES} == set(STAGE_PARAMETERS)
+
+
+def test_the_server_loads_the_repository_s_models_and_no_other_folder(tmp_path: Path) -> None:
+    from pooltriton.server.launcher import TritonServer
+
+    for name in ("b", "a", ".pooltriton-export-incoming~1.x", "lost+found"):
+        (tmp_path / name).mkdir()
+    for name in ("a", "b", ".pooltriton-export-incoming~1.x"):
+        (tmp_path / name / "config.pbtxt").write_text(f'name: "{name}"')
+    assert repository_models(tmp_path) == ["a", "b"]
+    command = TritonServer(tmp_path, tmp_path).command()
+    assert [arg for arg in command if arg.startswith("--load-model")] == ["--load-model=a", "--load-model=b"]

@@ -294,7 +294,8 @@ class PoolingService:
         else:  # a transport with only tritonclient's gRPC-shaped calls (the route tests' fake)
             index = await self.transport.server.get_model_repository_index(headers=self.admin_headers, as_json=True)
             entries = index.get("models", [])
-        names = {m["name"] for m in entries if m.get("state", "READY") == "READY"}
+        # A folder never loaded has no state (the gRPC index omits it): a volume's lost+found, an unloaded model.
+        names = {m["name"] for m in entries if m.get("state") == "READY"}
         models = {}
         for name in sorted(names):
             config = await self._config(name)

@@ -145,3 +145,11 @@ def parse_config(path: Path) -> Any:
     from tritonclient.grpc import model_config_pb2
 
     return text_format.Parse(Path(path).read_text(), model_config_pb2.ModelConfig())
+
+
+def repository_models(repository: Path) -> list[str]:
+    """The models of a repository: its folders that hold a config.pbtxt, hidden ones aside. Triton's own
+    `--load-model=*` takes every folder for a model and fails to start on one that is not (a volume's
+    lost+found, an export's staging folder)."""
+    return sorted(path.parent.name for path in Path(repository).glob("*/config.pbtxt")
+                  if not path.parent.name.startswith("."))

@@ -23,7 +23,7 @@ from typing import Any
 from tritonclient.utils import InferenceServerException
 
 from pooltriton.contract import ADMIN_HEADER, ADMIN_KEY_ENV, RESTRICTED_APIS, admin_headers, stages
-from pooltriton.contract.config import parse_config
+from pooltriton.contract.config import parse_config, repository_models
 from pooltriton.server.assemble import SERVER_ENV, server_binary, triton_home
 from pooltriton.server.supervisor import CANARY_DEADLINE_S, CANARY_INTERVAL_S, Supervisor, server_stubs
 
@@ -102,6 +102,11 @@ class TritonServer:
         return admin_headers(self.admin_key, protocol)
 
     def command(self) -> list[str]:
+        models = repository_models(self.repository)
+        others = sorted(p.name for p in self.repository.iterdir() if p.is_dir() and not p.name.startswith(".")
+                        and p.name not in models) if self.repository.is_dir() else []
+        if others:
+            log.warning("not loading %s: no config.pbtxt (not a model of %s)", ", ".join(others), self.repository)
         return [
             str(server_binary()),
             f"--model-repository={self.repository}",
@@ -117,7 +122,7 @@ class TritonServer:
             # Explicit control, every model loaded at start: the supervisor reloads a dead stage over the
             # repository API (restricted to the admin key below).
             "--model-control-mode=explicit",
-            "--load-model=*",
+            *(f"--load-model={name}" for name in models),
             # Unloading ~40 stages whose stubs import torch takes over 10 s on 2 busy cores (measured:
             # "Exit timeout expired" and exit 1 at 10 s); requests were drained before this point.
             f"--exit-timeout-secs={EXIT_TIMEOUT_S}",

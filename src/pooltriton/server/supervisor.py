@@ -40,7 +40,7 @@ import grpc
 from tritonclient.utils import InferenceServerException
 
 from pooltriton.contract import TEXT
-from pooltriton.contract.config import parse_config
+from pooltriton.contract.config import parse_config, repository_models
 from pooltriton.contract.requests import text_array
 from pooltriton.contract.stub import INSTANCE_ARG, SHM_ARG, STUB
 
@@ -180,8 +180,8 @@ class Supervisor:
     def ensembles(self) -> dict[str, list[str]]:
         """The repository's ensembles -> the stages they run (read once: reloads use the same files)."""
         found = {}
-        for path in sorted(self.server.repository.glob("*/config.pbtxt")):
-            config = parse_config(path)
+        for name in repository_models(self.server.repository):
+            config = parse_config(self.server.repository / name / "config.pbtxt")
             if config.platform == "ensemble":
                 found[config.name] = [step.model_name for step in config.ensemble_scheduling.step]
         return found
