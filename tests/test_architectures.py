@@ -33,6 +33,10 @@ CASES = [(family, head) for head in ("embed", "classify", "token_classify") for 
 TEXTS = varied_texts(12, seed=5, max_words=40)
 # A Qwen3-Reranker-style prompt in the tiny vocabulary: the model answers "yes" or "no" after it.
 RERANK_TEMPLATE = "query: {query} document: {document} relevant answer"
+# (model, family, --classifier-from-tokens): Qwen3-Reranker's two tokens, bge-reranker-v2-gemma's one;
+# A Gemma 2 one soft-caps its logits (final_logit_softcapping) before the difference.
+RERANKERS = [("qwen3_reranker", "qwen3", ("no", "yes")), ("gemma_reranker", "gemma", ("yes",)),
+             ("gemma2_reranker", "gemma2", ("no", "yes"))]
 # sentence-transformers pipelines: every Pooling mode, a Dense after pooling, with and without Normalize.
 ST_CASES = [("bert", "max", False, True), ("bert", "mean_sqrt_len_tokens", False, True),
             ("bert", "weightedmean", False, True), ("qwen2", "lasttoken", False, True),
@@ -74,9 +78,14 @@ def served(request, modern_root: Path, tmp_path_factory: pytest.TempPathFactory)
     else:
         export_model(build_st(modern_root, "bert", "mean", prompts=True),
                      ExportOptions(name="st_prompts", out=repository, runtime=runtime, tokenizer_instances=1))
-        export_model(build(modern_root, "qwen3", "causal"), ExportOptions(
-            name="qwen3_reranker", out=repository, runtime=runtime, classifier_from_tokens=("no", "yes"),
-            score_template=RERANK_TEMPLATE, tokenizer_instances=1))
+        for name, family, tokens in RERANKERS:
+            export_model(build(modern_root, family, "causal"), ExportOptions(
+                name=name, out=repository, runtime=runtime, classifier_from_tokens=tokens,
+                score_template=RERANK_TEMPLATE, tokenizer_instances=1))
+    # Folders that are no models (a volume's lost+found, a killed export's): Triton's own --load-model=*
+    # failed to start on them; the server loads the repository's models only.
+    (repository / "lost+found").mkdir()
+    (repository / ".pooltriton-export-incoming~1.x" / "m_encoder" / "1").mkdir(parents=True)
     server = start_server(repository, repository / "server.log")
     client = PoolingClient(server.grpc_url, protocol="grpc")
     client.served_by = server  # the gateway tests reach the same server (its admin key included)
@@ -177,30 +186,34 @@ def test_prompts_are_applied_as_sentence_transformers_applies_them(served, moder
     assert unknown.status_code == 400 and "passage, query" in unknown.json()["error"]["message"]
 
 
-def test_a_decoder_reranker_scores_through_rerank(served, modern_root: Path) -> None:
-    """A causal LM exported with --classifier-from-tokens no,yes and a prompt template answers /v1/rerank
-    with the probability of "yes" against "no" that transformers' full LM head gives at the last token."""
+@pytest.mark.parametrize(("name", "family", "tokens"), RERANKERS, ids=[case[0] for case in RERANKERS])
+def test_a_decoder_reranker_scores_through_rerank(served, modern_root: Path, name: str, family: str,
+                                                  tokens: tuple[str, ...]) -> None:
+    """A causal LM exported with --classifier-from-tokens and a prompt template answers /v1/rerank with what
+    transformers' full LM head gives at the last token: the probability of "yes" against "no" (no,yes:
+    Qwen3-Reranker), or the sigmoid of the "yes" logit alone (yes: bge-reranker-v2-gemma's "Yes")."""
     import httpx
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from conftest import running_gateway
 
     only_on(served, "torchscript")
-    folder = build(modern_root, "qwen3", "causal")
+    folder = build(modern_root, family, "causal")
     query, documents = "a man eats food", ["the dog runs quickly over the bridge", "a man eats bread", "night"]
     with running_gateway(served.served_by.grpc_url, admin_key=served.served_by.admin_key) as base:
-        response = httpx.post(f"{base}/v1/rerank", json={"model": "qwen3_reranker", "query": query,
+        response = httpx.post(f"{base}/v1/rerank", json={"model": name, "query": query,
                                                           "documents": documents}, timeout=60)
     assert response.status_code == 200, response.text
     got = {r["index"]: r["relevance_score"] for r in response.json()["results"]}
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
-    no, yes = tokenizer.convert_tokens_to_ids(["no", "yes"])
+    ids = tokenizer.convert_tokens_to_ids(list(tokens))
     for index, document in enumerate(documents):
         text = RERANK_TEMPLATE.replace("{query}", query).replace("{document}", document)
         with torch.no_grad():
-            last = model(**tokenizer(text, return_tensors="pt")).logits[0, -1]
-        expected = float(softmax(np.array([last[no], last[yes]]))[1])
+            last = model(**tokenizer(text, return_tensors="pt")).logits[0, -1].numpy()
+        logit = last[ids[1]] - last[ids[0]] if len(ids) == 2 else last[ids[0]]
+        expected = float(1 / (1 + np.exp(-logit)))
         assert abs(got[index] - expected) <= MAX_ABS, (index, got[index], expected)
     assert np.ptp(list(got.values())) > 1e-3  # the documents really score differently
 

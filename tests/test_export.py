@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -426,8 +429,14 @@ def test_a_failure_after_the_encoder_leaves_the_repository_as_it_was(tmp_path: P
     model = build(tmp_path / "models", "bert", "embed")
     out = tmp_path / "repository"
     (out / "other").mkdir(parents=True)  # another model's folder stays as it is
-    with pytest.raises(ResolutionError, match="Matryoshka dimensions must be below the embedding width"):
-        export_model(model, ExportOptions(name="m", out=out, runtime="openvino", matryoshka_dimensions=(4096,)))
+
+    def exported(*args, **kwargs):
+        raise AssertionError("the encoder was exported before the Matryoshka sizes were checked")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(build_module, "_export_encoder", exported)
+        with pytest.raises(ResolutionError, match="Matryoshka dimensions must be below the embedding width"):
+            export_model(model, ExportOptions(name="m", out=out, runtime="openvino", matryoshka_dimensions=(4096,)))
 
     def full_disk(path: Path, data: dict) -> None:
         raise OSError(28, "No space left on device", str(path))
@@ -577,3 +586,83 @@ def test_a_llama_2_era_tokenizer_is_served_as_transformers_rebuilds_it(tmp_path:
         **json.loads((folder / "tokenizer_config.json").read_text()), "eos_token": "<|new|>"}))
     with pytest.raises(ResolutionError, match=r"past its .* embeddings"):
         served_tokenizer(folder, config)
+
+
+def _model_files(root: Path) -> dict:
+    return {path.relative_to(root): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+@pytest.mark.parametrize("same_filesystem", [True, False], ids=["rename", "copied-in"])
+def test_publishing_swaps_the_stages_and_any_failure_puts_the_old_model_back(tmp_path: Path, monkeypatch,
+                                                                             same_filesystem: bool) -> None:
+    """The last step of an export: the new stages replace the old (a stage the new export lacks goes too),
+    the ensemble last; a failure in the middle of it leaves the old model as it was. Staged on another
+    filesystem, the stages are copied into the repository first (here simulated on one)."""
+    from pooltriton.contract import stages
+    from pooltriton.export import build as build_module
+
+    monkeypatch.setattr(build_module, "_same_filesystem", lambda a, b: same_filesystem)
+    names = stages("m")
+    out, staging = tmp_path / "repository", tmp_path / "staging"
+    for stage in (names.ensemble, names.tokenizer, names.encoder, names.pooler):
+        (out / stage / "1").mkdir(parents=True)
+        (out / stage / "config.pbtxt").write_text(f"old {stage}")
+    (out / "other").mkdir()
+    (out / "other" / "config.pbtxt").write_text("another model")
+    old = _model_files(out)
+    for stage in (names.ensemble, names.tokenizer, names.encoder):  # no pooler now
+        (staging / stage).mkdir(parents=True)
+        (staging / stage / "config.pbtxt").write_text(f"new {stage}")
+    real_rename, order, failed = Path.rename, [], []
+
+    def failing_rename(self, target):  # the tokenizer's move in fails, once (its restore must not)
+        if Path(target) == out / names.tokenizer and self.parent.name != ".retired" and not failed:
+            failed.append(target)
+            raise OSError(28, "No space left on device")
+        order.append(Path(target).name)
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", failing_rename)
+    with pytest.raises(OSError, match="No space left"):
+        build_module._publish(staging, out, names)
+    assert _model_files(out) == old  # every old file back in place, nothing new left in
+    monkeypatch.setattr(Path, "rename", real_rename)
+    build_module._publish(staging, out, names)
+    assert sorted(p.name for p in out.iterdir()) == sorted([names.ensemble, names.tokenizer, names.encoder, "other"])
+    assert all((out / stage / "config.pbtxt").read_text() == f"new {stage}"
+               for stage in (names.ensemble, names.tokenizer, names.encoder))
+    assert (out / "other" / "config.pbtxt").read_text() == "another model"
+    moved_in = [name for name in order if name in (names.tokenizer, names.encoder, names.ensemble)]
+    assert moved_in[-1] == names.ensemble  # (of the failed attempt, the ensemble went aside first)
+
+
+def test_a_killed_export_s_staging_folder_goes_and_no_other_does(tmp_path: Path) -> None:
+    """Staging folders are named after the repository, the model, the host and the exporting process: the
+    next export of that model removes one whose process is gone, never a running export's, another
+    model's (model names may hold '.'), another repository's or another host's (a shared folder)."""
+    import hashlib
+
+    from pooltriton.export import build as build_module
+
+    out = tmp_path / "repo[1]"
+    out.mkdir()
+    digest = hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    mine, host = build_module.STAGING_PREFIX + digest, build_module.host_prefix()
+    kept = [tmp_path / f"{mine}~m~{host}{os.getpid()}.abc", tmp_path / f"{mine}~m.x~{host}{dead.pid}.abc",
+            tmp_path / f"{build_module.STAGING_PREFIX}{'0' * 12}~m~{host}{dead.pid}.abc",
+            tmp_path / f"{mine}~m~00000000~{dead.pid}.abc"]
+    gone = [tmp_path / f"{mine}~m~{host}{dead.pid}.abc", out / f"{build_module.INCOMING_PREFIX}{host}{dead.pid}.abc"]
+    for folder in kept + gone:
+        folder.mkdir()
+    staging = build_module._staging_folder(out, "m")
+    assert staging.parent == tmp_path and staging.name.startswith(f"{mine}~m~{host}{os.getpid()}.")
+    assert all(folder.exists() for folder in kept) and not any(folder.exists() for folder in gone)
+
+
+def test_gemma_is_served_as_a_reranker_only(tmp_path: Path) -> None:
+    """The matrix proves Gemma (1) only as bge-reranker-v2-gemma's kind of model: other uses are refused."""
+    model = build(tmp_path / "models", "gemma", "causal")
+    with pytest.raises(ResolutionError, match=r"supported as a reranker \(--classifier-from-tokens\) only"):
+        export_model(model, ExportOptions(name="g", out=tmp_path / "out", runtime="torchscript"))

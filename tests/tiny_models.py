@@ -20,7 +20,9 @@ from transformers import (
     BertConfig,
     DebertaV2Config,
     DistilBertConfig,
+    Gemma2Config,
     Gemma3TextConfig,
+    GemmaConfig,
     GPT2Config,
     LlamaConfig,
     MistralConfig,
@@ -44,7 +46,8 @@ FAMILIES = ("bert", "xlmr", "distilbert", "gpt2", "qwen2", "llama")
 ENCODERS = ("bert", "xlmr", "distilbert")
 # The architectures people bring today, at a scale where numerics matter (hidden 128, 4 heads) and with
 # attention windows (8 tokens) shorter than the test texts.
-MODERN = ("roberta", "mpnet", "deberta_v2", "modernbert", "qwen3", "mistral", "gemma3", "gemma3_bidirectional")
+MODERN = ("roberta", "mpnet", "deberta_v2", "modernbert", "qwen3", "mistral", "gemma2", "gemma3",
+          "gemma3_bidirectional")
 MODERN_ENCODERS = ("roberta", "mpnet", "deberta_v2", "modernbert", "gemma3_bidirectional")
 WINDOW = 8
 # ModernBERT at its real 8,192-token limit (the long-input test; not in the matrix).
@@ -122,7 +125,7 @@ def _config(family: str, vocab_size: int, pad_id: int, **extra):
                                 **common)
     if family == "distilbert":
         return DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=128, **common)
-    if family in MODERN or family == LONG:
+    if family in MODERN or family in (LONG, "gemma"):
         return _modern_config(family, common)
     if family == "gpt2":
         return GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, bos_token_id=pad_id,
@@ -159,6 +162,14 @@ def _modern_config(family: str, common: dict):
         return Qwen3Config(head_dim=32, tie_word_embeddings=False, **decoder)
     if family == "mistral":
         return MistralConfig(sliding_window=WINDOW, **decoder)
+    if family == "gemma":  # bge-reranker-v2-gemma's family (a causal LM whose "Yes" logit ranks)
+        return GemmaConfig(head_dim=32, **decoder)
+    if family == "gemma2":
+        # Soft-capping low enough to bend these scores and logits (Gemma 2's 50 and 30 would leave them
+        # linear); the logits' cap shows in the reranker (tests/test_architectures.py).
+        return Gemma2Config(head_dim=32, sliding_window=WINDOW, attn_logit_softcapping=2.0,
+                            final_logit_softcapping=0.5, query_pre_attn_scalar=24,
+                            layer_types=["sliding_attention", "full_attention", "sliding_attention"], **decoder)
     return Gemma3TextConfig(head_dim=32, sliding_window=WINDOW, sliding_window_pattern=2,
                             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                             use_bidirectional_attention=family == "gemma3_bidirectional", **decoder)

@@ -47,9 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(export)
     export.add_argument("--name", required=True, help="public ensemble name (stages get suffixes)")
     export.add_argument("--out", default="model_repository", help="model repository folder")
-    export.add_argument("--classifier-from-tokens", type=lambda t: tuple(t.split(",")), metavar="NO,YES",
+    export.add_argument("--classifier-from-tokens", type=lambda t: tuple(t.split(",")), metavar="[NO,]YES",
                         help="serve a causal LM as a reranker: its one logit is the LM head's YES row minus the "
-                        "NO row at the last token (vLLM's classifier_from_token; Qwen3-Reranker: no,yes)")
+                        "NO row at the last token, or the YES row alone (vLLM's classifier_from_token; "
+                        "Qwen3-Reranker: no,yes; bge-reranker-v2-gemma: Yes)")
     export.add_argument("--score-template", metavar="TEXT",
                         help="how <name>_score presents a (query, document) pair to a reranker: a text with "
                         "{query} and {document}, e.g. the model card's prompt")

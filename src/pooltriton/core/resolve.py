@@ -30,8 +30,10 @@ DECODER_MODEL_TYPES = frozenset(
 # sentence-transformers (README: "Architectures"). Anything else is refused at export, by name.
 SUPPORTED_MODEL_TYPES = frozenset(
     {"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "deberta-v2", "modernbert", "gpt2", "qwen2", "qwen3",
-     "llama", "mistral", "gemma3_text"}
+     "llama", "mistral", "gemma", "gemma2", "gemma3_text"}
 )
+# Of those, families the matrix proves only as a causal LM's reranker (bge-reranker-v2-gemma's).
+RERANKER_ONLY_MODEL_TYPES = frozenset({"gemma"})
 # Families whose attention builds its own masks from the plain 0/1 mask (DeBERTa's relative attention
 # reads it as a boolean): they get that mask, not the additive 4-D one.
 PLAIN_MASK_MODEL_TYPES = frozenset({"deberta", "deberta-v2"})
@@ -88,9 +90,10 @@ class PoolerConfig:
     sliding_window: int = 0
     plain_mask: bool = False  # the model takes the 0/1 mask and builds its own (PLAIN_MASK_MODEL_TYPES)
     dense_layers: tuple[str, ...] = ()  # sentence-transformers Dense module folders applied after pooling
-    # A causal LM served as a one-label classifier from two tokens' LM-head rows, (no, yes): the logit
-    # yes - no, so its sigmoid is the two-way softmax (vLLM's classifier_from_token, Qwen3-Reranker).
-    classifier_token_ids: tuple[int, int] | None = None
+    # A causal LM served as a one-label classifier from LM-head rows (vLLM's classifier_from_token): (no, yes)
+    # gives the logit yes - no, so its sigmoid is the two-way softmax (Qwen3-Reranker); (yes,) that row's
+    # logit alone (no_post_processing: bge-reranker-v2-gemma's "Yes").
+    classifier_token_ids: tuple[int, ...] | None = None
     # sentence-transformers prompts (name -> text put before each text) and the one used when a request
     # names none (config_sentence_transformers.json); applied by the tokenizer stage.
     prompts: dict[str, str] = field(default_factory=dict, compare=False)
@@ -276,12 +279,13 @@ def resolve(
     step_tag_id: int | None = None,
     returned_token_ids: tuple[int, ...] | None = None,
     convert: str | None = None,
-    classifier_tokens: tuple[tuple[str, int], tuple[str, int]] | None = None,
+    classifier_tokens: tuple[tuple[str, int], ...] | None = None,
 ) -> PoolerConfig:
     """Resolve every field independently; arguments that are not None are the explicit layer.
 
     `convert` ("embed" or "classify") overrides the task family the architecture name implies.
-    `classifier_tokens` ((no, id), (yes, id)) turns a causal LM into a one-label classifier (a reranker).
+    `classifier_tokens` ((no, id), (yes, id)), or ((yes, id),), turns a causal LM into a one-label classifier
+    (a reranker).
     """
     files = ModelFiles.read(model_dir)
     sources: dict[str, str] = {}
@@ -319,7 +323,7 @@ def resolve(
         sliding_window=sliding_window(files.hf),
         plain_mask=model_type in PLAIN_MASK_MODEL_TYPES,
         dense_layers=st_dense_layers(files) if resolved_task is Task.EMBED else (),
-        classifier_token_ids=(classifier_tokens[0][1], classifier_tokens[1][1]) if classifier_tokens else None,
+        classifier_token_ids=tuple(token_id for _, token_id in classifier_tokens) if classifier_tokens else None,
         **_prompts(files, resolved_task),
         self_pooling_head=resolved_task is Task.CLASSIFY and model_type in SELF_POOLING_HEAD_MODEL_TYPES,
         sources=sources,
@@ -383,7 +387,7 @@ def _resolve_labels(files: ModelFiles, task: Task, classifier_tokens: tuple | No
     if task.is_embedding:
         return None, None
     if classifier_tokens is not None:
-        return 1, (classifier_tokens[1][0],)
+        return 1, (classifier_tokens[-1][0],)
     if returned_token_ids and is_causal_lm(files.architecture):
         return len(returned_token_ids), tuple(f"token_{i}" for i in returned_token_ids)
     return _labels(files.hf)

@@ -16,10 +16,15 @@ Layout (it mirrors the data flow, like a sentence-transformers folder mirrors it
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import errno
+import glob
+import hashlib
 import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -69,7 +74,13 @@ from pooltriton.contract.parameters import (
     TokenizerParameters,
 )
 from pooltriton.core.capabilities import AUTO, Capabilities, PrecisionError, choose_precision, detect
-from pooltriton.core.resolve import SUPPORTED_MODEL_TYPES, PoolerConfig, ResolutionError, resolve
+from pooltriton.core.resolve import (
+    RERANKER_ONLY_MODEL_TYPES,
+    SUPPORTED_MODEL_TYPES,
+    PoolerConfig,
+    ResolutionError,
+    resolve,
+)
 from pooltriton.core.runtimes import CPU, CUDA, FP32, INT8, RUNTIMES, TOLERANCES, Runtime
 from pooltriton.core.semantics import PoolingType, Task
 
@@ -82,6 +93,7 @@ BUCKETS = (16, 32, 64, 128, 256, 512)
 RAGGED_TOKEN_BUDGET = {CPU: 2048, CUDA: 32768}
 # Where an export writes before its stages are moved into the repository (export_model).
 STAGING_PREFIX = ".pooltriton-export-"
+INCOMING_PREFIX = f"{STAGING_PREFIX}incoming~"
 # fp32 keeps the exported answers; 1 GiB workspace is the onnxruntime backend's documented example.
 TENSORRT = Accelerator("tensorrt", {"precision_mode": "FP32", "max_workspace_size_bytes": str(1 << 30)})
 
@@ -119,7 +131,7 @@ class ExportOptions:
     trust_remote_code: bool = False  # models whose config.json names custom code (auto_map)
     # A causal LM as a reranker: the (no, yes) tokens whose LM-head rows make its one logit, and the text
     # each (query, document) pair is scored as ({query} and {document} replaced).
-    classifier_from_tokens: tuple[str, str] | None = None
+    classifier_from_tokens: tuple[str, ...] | None = None
     score_template: str | None = None
 
     def check(self, capabilities: Capabilities, quantize: bool = True) -> tuple[Runtime, ExportOptions]:
@@ -150,8 +162,8 @@ class ExportOptions:
                                   f"not {self.device}")
         if self.tensorrt and (self.runtime, self.device) != ("onnx", CUDA):
             raise ResolutionError("--tensorrt is an accelerator of the onnx runtime on cuda")
-        if self.classifier_from_tokens is not None and len(self.classifier_from_tokens) != 2:
-            raise ResolutionError("--classifier-from-tokens takes two tokens: NO,YES")
+        if self.classifier_from_tokens is not None and len(self.classifier_from_tokens) not in (1, 2):
+            raise ResolutionError("--classifier-from-tokens takes one token (YES) or two (NO,YES)")
         if self.score_template is not None and not all(k in self.score_template for k in ("{query}", "{document}")):
             raise ResolutionError("--score-template must contain {query} and {document}")
         return runtime, replace(self, precision=precision)
@@ -176,8 +188,9 @@ def resolve_options(model_dir: Path, options: ExportOptions) -> PoolerConfig:
     )
 
 
-def classifier_tokens(model_dir: Path, tokens: tuple[str, str] | None) -> tuple[tuple[str, int], ...] | None:
-    """(token, id) for each of the (no, yes) tokens, from the model's own tokenizer; each must be one token."""
+def classifier_tokens(model_dir: Path, tokens: tuple[str, ...] | None) -> tuple[tuple[str, int], ...] | None:
+    """(token, id) for each of the (no, yes) or (yes,) tokens, from the model's own tokenizer; each must be one
+    token."""
     if tokens is None:
         return None
     from tokenizers import Tokenizer
@@ -256,27 +269,89 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
 def _staging_folder(out: Path, name: str) -> Path:
     """A new folder for an export's files, beside the repository rather than in it (Triton takes every
     folder of a repository for a model, hidden ones too, and `--load-model=*` fails on one that is not),
-    on the repository's filesystem where its parent is writable, so that moving the stages in is a rename."""
+    on the repository's filesystem where its parent is writable, so that moving the stages in is a rename.
+    Named after the repository's path, the model (names cannot hold '~'), this host and this process: a
+    killed export's folder is removed by this host's next export of that model, a running one's is not."""
     out.mkdir(parents=True, exist_ok=True)
-    parent = out.resolve().parent
-    base = parent if os.access(parent, os.W_OK) else Path(tempfile.gettempdir())
-    prefix = f"{STAGING_PREFIX}{out.resolve().name}.{name}."
-    for stale in base.glob(f"{prefix}*"):  # a killed export's
-        shutil.rmtree(stale, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    repository = out.resolve()
+    base = repository.parent if os.access(repository.parent, os.W_OK) else Path(tempfile.gettempdir())
+    prefix = f"{STAGING_PREFIX}{hashlib.sha1(str(repository).encode()).hexdigest()[:12]}~{name}~{host_prefix()}"
+    for folder, start in ((base, prefix), (repository, INCOMING_PREFIX + host_prefix())):  # (_publish's)
+        for stale in folder.glob(f"{glob.escape(start)}*"):
+            pid = stale.name[len(start):].split(".", 1)[0]
+            if not (pid.isdigit() and _alive(int(pid))):
+                shutil.rmtree(stale, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.", dir=base))
+
+
+def host_prefix() -> str:
+    """This host's part of a staging folder's name (a folder shared between hosts: each cleans its own)."""
+    return f"{hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]}~"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+def _same_filesystem(a: Path, b: Path) -> bool:
+    return os.stat(a).st_dev == os.stat(b).st_dev
 
 
 def _publish(staging: Path, out: Path, names: Stages) -> None:
-    """Move the staged stages in for the model's previous ones, the old ones (a stage this export no
-    longer has too) moved aside first and removed with the staging folder."""
-    retired = staging / "retired"
-    retired.mkdir()
-    for stage in names:
-        if (out / stage).exists() or (out / stage).is_symlink():
-            shutil.move(out / stage, retired / stage)
-    for stage in names:
-        if (staging / stage).exists():
-            shutil.move(staging / stage, out / stage)
+    """Swap the staged stages in for the model's previous ones by renames within the repository's
+    filesystem (staged on another, they are copied in under a hidden name first): the old ones (a stage
+    this export no longer has too) go aside, the ensemble first, and the new ones come in, the ensemble
+    last, so that it never names a stage that is not there. Any failure puts the old model back."""
+    incoming = staging
+    if not _same_filesystem(staging, out):
+        incoming = Path(tempfile.mkdtemp(prefix=f"{INCOMING_PREFIX}{host_prefix()}{os.getpid()}.", dir=out))
+    retired = incoming / ".retired"  # (no model name starts with '.')
+    moved_out: list[str] = []
+    moved_in: list[str] = []
+    try:
+        if incoming is not staging:
+            for stage in names:
+                if (staging / stage).exists():
+                    shutil.copytree(staging / stage, incoming / stage, symlinks=True)
+        retired.mkdir(exist_ok=True)
+        for stage in names:
+            if (out / stage).exists() or (out / stage).is_symlink():
+                _move(out / stage, retired / stage)
+                moved_out.append(stage)
+        for stage in reversed(list(names)):
+            if (incoming / stage).exists():
+                _move(incoming / stage, out / stage)
+                moved_in.append(stage)
+    except BaseException:
+        for source, target in [*((out / s, incoming / s) for s in reversed(moved_in)),
+                               *((retired / s, out / s) for s in reversed(moved_out))]:
+            with contextlib.suppress(OSError):  # the first error is the one to report
+                _move(source, target)
+        raise
+    finally:
+        if incoming is not staging:
+            shutil.rmtree(incoming, ignore_errors=True)
+
+
+def _move(source: Path, target: Path) -> None:
+    """A rename; copied and removed where the filesystem cannot rename it (EXDEV: overlayfs moving a folder
+    of a lower image layer, a bind mount), as that one stage's move then must be."""
+    try:
+        source.rename(target)
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+        if source.is_dir() and not source.is_symlink():
+            shutil.copytree(source, target, symlinks=True)
+            shutil.rmtree(source)
+        else:
+            shutil.move(source, target)
 
 
 def _auto_without_int8(requested: ExportOptions, reason: str) -> tuple[Runtime, ExportOptions]:
@@ -340,6 +415,10 @@ def check_supported(config: PoolerConfig) -> None:
             f"{config.architecture or 'this model'} (model_type {config.model_type!r}) is not a supported "
             f"architecture: its attention and heads have not been checked against transformers here. "
             f"Supported model types: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}")
+    if config.model_type in RERANKER_ONLY_MODEL_TYPES and config.classifier_token_ids is None:
+        raise ResolutionError(
+            f"{config.architecture or 'this model'} (model_type {config.model_type!r}) is supported as a reranker "
+            "(--classifier-from-tokens) only: its other heads have not been checked against transformers here")
 
 
 def check_model_files(model_dir: Path, allow_pickle: bool, trust_remote_code: bool) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -131,12 +130,13 @@ def _load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: boo
         if config.dense_layers:
             head = nn.Sequential(*(_st_dense(Path(model_dir) / path, allow_pickle) for path in config.dense_layers))
     elif config.classifier_token_ids is not None:
-        # A decoder reranker: the LM head's (yes - no) row difference as a one-label classifier.
+        # A decoder reranker: the LM head's (yes - no) row difference (vLLM's from_2_way_softmax), or its yes
+        # row alone (no_post_processing: bge-reranker-v2-gemma's "Yes"), as a one-label classifier.
         from transformers import AutoModelForCausalLM
 
         full = AutoModelForCausalLM.from_pretrained(model_dir, **load)
-        no, yes = config.classifier_token_ids
-        head = _lm_head_rows(full.get_output_embeddings(), lambda rows: rows[[yes]] - rows[[no]])
+        ids = config.classifier_token_ids
+        head = LMHeadRows(full, ids, difference=len(ids) == 2)
         network = full.base_model
     elif config.task is Task.CLASSIFY:
         full = AutoModelForSequenceClassification.from_pretrained(model_dir, **load)
@@ -153,8 +153,7 @@ def _load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: boo
         from transformers import AutoModelForCausalLM
 
         full = AutoModelForCausalLM.from_pretrained(model_dir, **load)
-        ids = list(config.returned_token_ids)
-        head = _lm_head_rows(full.get_output_embeddings(), lambda rows: rows[ids])
+        head = LMHeadRows(full, config.returned_token_ids)
         network = full.base_model
     elif config.task is Task.TOKEN_CLASSIFY:
         network = AutoModelForTokenClassification.from_pretrained(model_dir, **load)
@@ -168,16 +167,28 @@ def _load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: boo
     return encoder.eval()
 
 
-def _lm_head_rows(lm_head: nn.Linear, pick: Callable[[torch.Tensor], torch.Tensor]) -> nn.Linear:
-    """A linear head made of rows of the LM head (`pick` applies to its weight and to its bias alike):
-    a few vocabulary ids' logits (process reward) or a difference of two (a reranker's yes - no)."""
-    weight = pick(lm_head.weight)
-    head = nn.Linear(lm_head.in_features, weight.shape[0], bias=lm_head.bias is not None)
-    with torch.no_grad():
-        head.weight.copy_(weight)
-        if lm_head.bias is not None:
-            head.bias.copy_(pick(lm_head.bias))
-    return head
+class LMHeadRows(nn.Module):
+    """A causal LM's logits of a few vocabulary ids (a process reward's), as the model gives them: its LM
+    head's rows, soft-capped where the model caps its logits (Gemma 2's final_logit_softcapping); with
+    `difference`, of two ids (no, yes), the reranker's one logit yes - no."""
+
+    def __init__(self, model: nn.Module, ids: tuple[int, ...], difference: bool = False) -> None:
+        super().__init__()
+        lm_head = model.get_output_embeddings()
+        self.rows = nn.Linear(lm_head.in_features, len(ids), bias=lm_head.bias is not None)
+        with torch.no_grad():
+            self.rows.weight.copy_(lm_head.weight[list(ids)])
+            if lm_head.bias is not None:
+                self.rows.bias.copy_(lm_head.bias[list(ids)])
+        self.cap = getattr(model.config, "final_logit_softcapping", None)
+        self.difference = difference
+        self.width = 1 if difference else len(ids)  # the outputs
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.rows(hidden)
+        if self.cap:
+            logits = torch.tanh(logits / self.cap) * self.cap
+        return logits[..., 1:] - logits[..., :1] if self.difference else logits
 
 
 def _st_dense(folder: Path, allow_pickle: bool) -> nn.Module:
@@ -224,6 +235,8 @@ def encoder_input_names(model: nn.Module, hf_config: object) -> tuple[str, ...]:
 
 
 def output_width(encoder: PoolingEncoder, config: PoolerConfig) -> int:
+    if isinstance(encoder.head, LMHeadRows):
+        return encoder.head.width
     if encoder.head is not None:
         linears = [m for m in encoder.head.modules() if isinstance(m, nn.Linear)]
         return linears[-1].out_features

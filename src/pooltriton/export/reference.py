@@ -63,7 +63,8 @@ def load_reference(model_dir: str | Path, config: PoolerConfig, allow_pickle: bo
         return Reference(lambda: _sentence_transformers(model_dir, trust_remote_code),
                          "sentence-transformers (its own pipeline, up to Normalize)")
     load = {"use_safetensors": None if allow_pickle else True, "trust_remote_code": trust_remote_code}
-    semantics = ("the LM head's yes - no logit at the last token" if config.classifier_token_ids is not None
+    semantics = (f"the LM head's {'yes - no' if len(config.classifier_token_ids) == 2 else 'yes'} logit at the "
+                 "last token" if config.classifier_token_ids is not None
                  else f"vLLM's {config.pooling_type.value} pooling")
     return Reference(lambda: _transformers(model_dir, config, load), f"transformers ({_class_name(config)}) with "
                      f"{semantics}")
@@ -102,12 +103,12 @@ def _transformers(model_dir: Path, config: PoolerConfig, load: dict) -> tuple[nn
     if name == "AutoModel":
         model = getattr(model, "base_model", model)
         return model, _pooled_hidden(config.pooling_type)
-    if config.classifier_token_ids is not None:  # a reranker: the full LM head's yes - no at the last token
-        no, yes = config.classifier_token_ids
+    if config.classifier_token_ids is not None:  # a reranker: the full LM head at the last token
+        ids = config.classifier_token_ids
 
         def relevance(module: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
             last = module(**inputs).logits[0, -1]
-            return last[[yes]] - last[[no]]
+            return last[[ids[-1]]] - last[[ids[0]]] if len(ids) == 2 else last[[ids[0]]]
 
         return model, relevance
     if name == "AutoModelForCausalLM":  # process reward: the LM head's logits of a few ids, every token
