@@ -599,9 +599,9 @@ def test_publishing_swaps_the_stages_and_any_failure_puts_the_old_model_back(tmp
     the ensemble last; a failure in the middle of it leaves the old model as it was. Staged on another
     filesystem, the stages are copied into the repository first (here simulated on one)."""
     from pooltriton.contract import stages
-    from pooltriton.export import build as build_module
+    from pooltriton.export import publish as publish_module
 
-    monkeypatch.setattr(build_module, "_same_filesystem", lambda a, b: same_filesystem)
+    monkeypatch.setattr(publish_module, "_same_filesystem", lambda a, b: same_filesystem)
     names = stages("m")
     out, staging = tmp_path / "repository", tmp_path / "staging"
     for stage in (names.ensemble, names.tokenizer, names.encoder, names.pooler):
@@ -624,10 +624,10 @@ def test_publishing_swaps_the_stages_and_any_failure_puts_the_old_model_back(tmp
 
     monkeypatch.setattr(Path, "rename", failing_rename)
     with pytest.raises(OSError, match="No space left"):
-        build_module._publish(staging, out, names)
+        publish_module.publish(staging, out, names)
     assert _model_files(out) == old  # every old file back in place, nothing new left in
     monkeypatch.setattr(Path, "rename", real_rename)
-    build_module._publish(staging, out, names)
+    publish_module.publish(staging, out, names)
     assert sorted(p.name for p in out.iterdir()) == sorted([names.ensemble, names.tokenizer, names.encoder, "other"])
     assert all((out / stage / "config.pbtxt").read_text() == f"new {stage}"
                for stage in (names.ensemble, names.tokenizer, names.encoder))
@@ -642,21 +642,21 @@ def test_a_killed_export_s_staging_folder_goes_and_no_other_does(tmp_path: Path)
     model's (model names may hold '.'), another repository's or another host's (a shared folder)."""
     import hashlib
 
-    from pooltriton.export import build as build_module
+    from pooltriton.export import publish as publish_module
 
     out = tmp_path / "repo[1]"
     out.mkdir()
     digest = hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12]
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    mine, host = build_module.STAGING_PREFIX + digest, build_module.host_prefix()
+    mine, host = publish_module.STAGING_PREFIX + digest, publish_module.host_prefix()
     kept = [tmp_path / f"{mine}~m~{host}{os.getpid()}.abc", tmp_path / f"{mine}~m.x~{host}{dead.pid}.abc",
-            tmp_path / f"{build_module.STAGING_PREFIX}{'0' * 12}~m~{host}{dead.pid}.abc",
+            tmp_path / f"{publish_module.STAGING_PREFIX}{'0' * 12}~m~{host}{dead.pid}.abc",
             tmp_path / f"{mine}~m~00000000~{dead.pid}.abc"]
-    gone = [tmp_path / f"{mine}~m~{host}{dead.pid}.abc", out / f"{build_module.INCOMING_PREFIX}{host}{dead.pid}.abc"]
+    gone = [tmp_path / f"{mine}~m~{host}{dead.pid}.abc", out / f"{publish_module.INCOMING_PREFIX}{host}{dead.pid}.abc"]
     for folder in kept + gone:
         folder.mkdir()
-    staging = build_module._staging_folder(out, "m")
+    staging = publish_module.staging_folder(out, "m")
     assert staging.parent == tmp_path and staging.name.startswith(f"{mine}~m~{host}{os.getpid()}.")
     assert all(folder.exists() for folder in kept) and not any(folder.exists() for folder in gone)
 
