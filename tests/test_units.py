@@ -336,3 +336,28 @@ def test_the_server_loads_the_repository_s_models_and_no_other_folder(tmp_path: 
     assert repository_models(tmp_path) == ["a", "b"]
     command = TritonServer(tmp_path, tmp_path).command()
     assert [arg for arg in command if arg.startswith("--load-model")] == ["--load-model=a", "--load-model=b"]
+
+
+def test_a_retired_stub_killed_now_is_not_taken_for_its_instance_s_death(monkeypatch) -> None:
+    """A stub of a leaked model bears the same instance name as its replacement: when its grace ends
+    and it is killed, the watch must not read the scan's old pid as the live instance's and reload a
+    healthy model (it did, once in a CI run: the tokenizer reloaded in the scorer's fault test)."""
+    import pooltriton.server.supervisor as supervisor_module
+
+    class Server:
+        shm_prefix = "pooltriton-test"
+
+        def unload(self, model: str) -> None:
+            reloads.append(model)
+
+        load = unload
+
+    reloads: list[str] = []
+    live, leaked = 100, 200
+    scans = iter([{live: "m_tokenizer_0_0", leaked: "m_tokenizer_0_0"}, {live: "m_tokenizer_0_0"}])
+    monkeypatch.setattr(supervisor_module, "server_stubs", lambda prefix: next(scans))
+    monkeypatch.setattr(supervisor_module.os, "kill", lambda pid, sig: None)
+    watch = supervisor_module.Supervisor(Server())
+    watch.expected, watch.retiring = {"m_tokenizer_0_0": live}, {leaked: 0.0}
+    assert watch.check() == [] and reloads == [] and watch.retired == ["m_tokenizer_0_0"]
+    assert watch.check() == [] and reloads == []

@@ -134,8 +134,10 @@ class Supervisor:
     def check(self) -> list[str]:
         """Reload every model one of whose stubs died since the last check; returns those models."""
         alive = server_stubs(self.server.shm_prefix)
-        self.retire(alive)
-        current = self.stubs(alive)
+        # A stub retired now is dead, not its instance's live stub (both bear the same name): left in the
+        # scan it could stand for that instance and look like a death, reloading a healthy model.
+        retired = self.retire(alive)
+        current = self.stubs({pid: i for pid, i in alive.items() if pid not in retired})
         dead = sorted({instance_model(i) for i, pid in self.expected.items() if current.get(i) != pid})
         for model in dead:
             started = time.monotonic()
@@ -155,25 +157,25 @@ class Supervisor:
                          **{i: current.get(i, 0) for i in reloaded}}
         return dead
 
-    def retire(self, alive: dict[int, str]) -> list[str]:
+    def retire(self, alive: dict[int, str]) -> dict[int, str]:
         """Kill the replaced stubs still alive (`alive`: this server's stubs now) past their grace (their
-        model was leaked, see above); returns their instances."""
+        model was leaked, see above); returns them, pid -> instance."""
         now = time.monotonic()
-        killed = []
+        killed = {}
         for pid, deadline in list(self.retiring.items()):
             if pid not in alive:  # exited (a zombie has no command line)
                 del self.retiring[pid]
             elif now >= deadline:
                 try:
                     os.kill(pid, signal.SIGKILL)
-                    killed.append(alive[pid])
+                    killed[pid] = alive[pid]
                 except ProcessLookupError:
                     pass
                 del self.retiring[pid]
         if killed:
             log.warning("supervisor: %s outlived the unload of its model (Triton kept the model whose stub died "
-                        "mid-request); killed", ", ".join(sorted(killed)))
-            self.retired += killed
+                        "mid-request); killed", ", ".join(sorted(killed.values())))
+            self.retired += killed.values()
         return killed
 
     @functools.cached_property
