@@ -27,9 +27,10 @@ from conftest import start_server
 from corpus import varied_texts
 
 MAX_ABS = 1e-5
-# transformers has no token-classification class for Gemma 3.
+# transformers has no token-classification class for Gemma 3; BART is served as a classifier only
+# (bart-large-mnli's head at the decoder's last </s>).
 CASES = [(family, head) for head in ("embed", "classify", "token_classify") for family in MODERN
-         if not (head == "token_classify" and family.startswith("gemma3"))]
+         if not (head == "token_classify" and family.startswith("gemma3"))] + [("bart", "classify")]
 TEXTS = varied_texts(12, seed=5, max_words=40)
 # A Qwen3-Reranker-style prompt in the tiny vocabulary: the model answers "yes" or "no" after it.
 RERANK_TEMPLATE = "query: {query} document: {document} relevant answer"
@@ -216,6 +217,26 @@ def test_a_decoder_reranker_scores_through_rerank(served, modern_root: Path, nam
         expected = float(1 / (1 + np.exp(-logit)))
         assert abs(got[index] - expected) <= MAX_ABS, (index, got[index], expected)
     assert np.ptp(list(got.values())) > 1e-3  # the documents really score differently
+
+
+def test_an_nli_classifier_classifies_pairs_as_transformers_does(served, modern_root: Path) -> None:
+    """bart-large-mnli's use: (premise, hypothesis) pairs, three </s> in each, the head reading the last;
+    the served probabilities are transformers' on each pair alone."""
+    from transformers import AutoTokenizer
+
+    folder = build(modern_root, "bart", "classify")
+    premises = TEXTS[:6]
+    hypotheses = [f"this text is about {word}" for word in ("food", "a dog", "night", "music", "one", "bread")]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    with torch.no_grad():
+        expected = np.stack([softmax(model(**tokenizer(p, h, return_tensors="pt")).logits[0].numpy())
+                             for p, h in zip(premises, hypotheses)])
+    assert all(tokenizer(p, h)["input_ids"].count(tokenizer.eos_token_id) == 3 for p, h in zip(premises, hypotheses))
+    got = served.classify(premises, model=name_of("bart", "classify"), pairs=hypotheses).probabilities
+    assert got.shape == expected.shape and np.abs(got - expected).max() <= MAX_ABS, float(np.abs(got - expected).max())
+    alone = served.classify(premises, model=name_of("bart", "classify")).probabilities
+    assert np.abs(alone - expected).max() > 1e-3  # the hypotheses really change the answers
 
 
 def test_the_texts_are_longer_than_every_window(modern_root: Path) -> None:

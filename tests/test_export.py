@@ -666,3 +666,11 @@ def test_gemma_is_served_as_a_reranker_only(tmp_path: Path) -> None:
     model = build(tmp_path / "models", "gemma", "causal")
     with pytest.raises(ResolutionError, match=r"supported as a reranker \(--classifier-from-tokens\) only"):
         export_model(model, ExportOptions(name="g", out=tmp_path / "out", runtime="torchscript"))
+
+
+def test_bart_is_served_as_a_sequence_classifier_only(tmp_path: Path) -> None:
+    """The matrix proves BART only as bart-large-mnli's kind of model (its decoder's last </s> into the
+    classification head): an embedding of its decoder's states is refused."""
+    model = build(tmp_path / "models", "bart", "embed")
+    with pytest.raises(ResolutionError, match=r"supported as a sequence classifier only \(task classify, not embed\)"):
+        export_model(model, ExportOptions(name="b", out=tmp_path / "out", runtime="torchscript"))

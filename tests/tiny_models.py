@@ -17,9 +17,12 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
+    BartConfig,
     BertConfig,
+    CamembertConfig,
     DebertaV2Config,
     DistilBertConfig,
+    ElectraConfig,
     Gemma2Config,
     Gemma3TextConfig,
     GemmaConfig,
@@ -46,14 +49,14 @@ FAMILIES = ("bert", "xlmr", "distilbert", "gpt2", "qwen2", "llama")
 ENCODERS = ("bert", "xlmr", "distilbert")
 # The architectures people bring today, at a scale where numerics matter (hidden 128, 4 heads) and with
 # attention windows (8 tokens) shorter than the test texts.
-MODERN = ("roberta", "mpnet", "deberta_v2", "modernbert", "qwen3", "mistral", "gemma2", "gemma3",
-          "gemma3_bidirectional")
-MODERN_ENCODERS = ("roberta", "mpnet", "deberta_v2", "modernbert", "gemma3_bidirectional")
+MODERN = ("roberta", "camembert", "mpnet", "electra", "deberta_v2", "modernbert", "qwen3", "mistral", "gemma2",
+          "gemma3", "gemma3_bidirectional")
+MODERN_ENCODERS = ("roberta", "camembert", "mpnet", "electra", "deberta_v2", "modernbert", "gemma3_bidirectional")
 WINDOW = 8
 # ModernBERT at its real 8,192-token limit (the long-input test; not in the matrix).
 LONG = "modernbert_long"
-_TOKENIZER_KIND = {"distilbert": "bert", "deberta_v2": "bert", "modernbert": "bert", LONG: "bert", "roberta": "xlmr",
-                   "mpnet": "xlmr"}
+_TOKENIZER_KIND = {"distilbert": "bert", "electra": "bert", "deberta_v2": "bert", "modernbert": "bert", LONG: "bert",
+                   "roberta": "xlmr", "camembert": "xlmr", "mpnet": "xlmr", "bart": "xlmr"}
 STEP_TAG = "<step>"
 
 
@@ -125,7 +128,7 @@ def _config(family: str, vocab_size: int, pad_id: int, **extra):
                                 **common)
     if family == "distilbert":
         return DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=128, **common)
-    if family in MODERN or family in (LONG, "gemma"):
+    if family in MODERN or family in (LONG, "gemma", "bart"):
         return _modern_config(family, common)
     if family == "gpt2":
         return GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, bos_token_id=pad_id,
@@ -145,6 +148,16 @@ def _modern_config(family: str, common: dict):
     if family == "roberta":
         return RobertaConfig(**size, max_position_embeddings=130, type_vocab_size=1, bos_token_id=0, eos_token_id=2,
                              **common)
+    if family == "bart":  # bart-large-mnli's family: an encoder-decoder whose head reads the last </s>
+        return BartConfig(d_model=128, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                          decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256,
+                          max_position_embeddings=128, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+                          forced_eos_token_id=2, **common)
+    if family == "camembert":  # RoBERTa's code under its own model_type (sentence-camembert)
+        return CamembertConfig(**size, max_position_embeddings=130, type_vocab_size=1, bos_token_id=0,
+                               eos_token_id=2, **common)
+    if family == "electra":  # its embeddings narrower than its layers (embeddings_project between)
+        return ElectraConfig(**size, embedding_size=64, max_position_embeddings=128, **common)
     if family == "mpnet":
         return MPNetConfig(**size, max_position_embeddings=130, bos_token_id=0, eos_token_id=2, **common)
     if family == "deberta_v2":
@@ -197,8 +210,9 @@ def build(root: Path, family: str, head: str, num_labels: int = 3, seed: int = 0
     model = HEADS[head].from_config(config).eval()
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
-    # BERT reads segment ids: its tokenizer must hand them over (pairs get 1s for the second text).
-    inputs = ["input_ids", "token_type_ids", "attention_mask"] if family == "bert" else ["input_ids", "attention_mask"]
+    # BERT and ELECTRA read segment ids: its tokenizer must hand them over (pairs get 1s for the second text).
+    segments = family in ("bert", "electra")
+    inputs = ["input_ids", "token_type_ids", "attention_mask"] if segments else ["input_ids", "attention_mask"]
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=config.max_position_embeddings
                                    if family != "xlmr" else 128, model_input_names=inputs, **info["tokens"])
     fast.save_pretrained(folder)

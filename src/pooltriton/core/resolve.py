@@ -29,18 +29,22 @@ DECODER_MODEL_TYPES = frozenset(
 # What an export may serve: the families the test matrix exports, serves and compares with transformers /
 # sentence-transformers (README: "Architectures"). Anything else is refused at export, by name.
 SUPPORTED_MODEL_TYPES = frozenset(
-    {"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "deberta-v2", "modernbert", "gpt2", "qwen2", "qwen3",
-     "llama", "mistral", "gemma", "gemma2", "gemma3_text"}
+    {"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "mpnet", "deberta-v2", "modernbert",
+     "bart", "gpt2", "qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3_text"}
 )
 # Of those, families the matrix proves only as a causal LM's reranker (bge-reranker-v2-gemma's).
 RERANKER_ONLY_MODEL_TYPES = frozenset({"gemma"})
+# Families the matrix proves only as sequence classifiers: BART (bart-large-mnli's NLI head reads the
+# decoder's state at the last </s>, LAST pooling of the decoder here).
+CLASSIFY_ONLY_MODEL_TYPES = frozenset({"bart"})
 # Families whose attention builds its own masks from the plain 0/1 mask (DeBERTa's relative attention
 # reads it as a boolean): they get that mask, not the additive 4-D one.
 PLAIN_MASK_MODEL_TYPES = frozenset({"deberta", "deberta-v2"})
 # RoBERTa-family position ids start after the padding index: the table holds that many fewer positions.
 POSITION_OFFSET_MODEL_TYPES = frozenset({"roberta", "xlm-roberta", "mpnet", "camembert"})
 CLS_DEFAULT_MODEL_TYPES = frozenset(
-    {"bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta", "deberta-v2", "modernbert", "mpnet"}
+    {"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "deberta", "deberta-v2", "modernbert",
+     "mpnet"}
 )
 # Encoder classifiers whose head takes the first token itself (BERT: CLS + dense + tanh): run whole.
 SELF_POOLING_HEAD_MODEL_TYPES = CLS_DEFAULT_MODEL_TYPES - {"modernbert"}

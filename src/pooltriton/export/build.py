@@ -68,6 +68,7 @@ from pooltriton.contract.parameters import (
 )
 from pooltriton.core.capabilities import AUTO, Capabilities, PrecisionError, choose_precision, detect
 from pooltriton.core.resolve import (
+    CLASSIFY_ONLY_MODEL_TYPES,
     RERANKER_ONLY_MODEL_TYPES,
     SUPPORTED_MODEL_TYPES,
     PoolerConfig,
@@ -322,6 +323,11 @@ def check_supported(config: PoolerConfig) -> None:
         raise ResolutionError(
             f"{config.architecture or 'this model'} (model_type {config.model_type!r}) is supported as a reranker "
             "(--classifier-from-tokens) only: its other heads have not been checked against transformers here")
+    if config.model_type in CLASSIFY_ONLY_MODEL_TYPES and config.task is not Task.CLASSIFY:
+        raise ResolutionError(
+            f"{config.architecture or 'this model'} (model_type {config.model_type!r}) is supported as a sequence "
+            f"classifier only (task classify, not {config.task.value}): its other heads have not been checked "
+            "against transformers here")
 
 
 def check_model_files(model_dir: Path, allow_pickle: bool, trust_remote_code: bool) -> None:

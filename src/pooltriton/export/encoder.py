@@ -216,7 +216,10 @@ def _st_dense(folder: Path, allow_pickle: bool) -> nn.Module:
 
 def _score_head(model: nn.Module) -> nn.Module:
     """The layers a sequence classifier applies after pooling: its linear score/classifier, behind the
-    prediction head some models put first (ModernBERT: dense, activation, norm)."""
+    prediction head some models put first (ModernBERT: dense, activation, norm), or its whole
+    classification head where that is a module of its own after pooling (BART: dense, tanh, out_proj)."""
+    if isinstance(getattr(model, "classification_head", None), nn.Module):
+        return model.classification_head
     for name in ("score", "classifier"):
         head = getattr(model, name, None)
         if isinstance(head, nn.Linear):
