@@ -323,10 +323,11 @@ def check_supported(config: PoolerConfig) -> None:
         raise ResolutionError(
             f"{config.architecture or 'this model'} (model_type {config.model_type!r}) is supported as a reranker "
             "(--classifier-from-tokens) only: its other heads have not been checked against transformers here")
-    if config.model_type in CLASSIFY_ONLY_MODEL_TYPES and config.task is not Task.CLASSIFY:
+    if config.model_type in CLASSIFY_ONLY_MODEL_TYPES and (config.task is not Task.CLASSIFY
+                                                            or config.classifier_token_ids is not None):
         raise ResolutionError(
             f"{config.architecture or 'this model'} (model_type {config.model_type!r}) is supported as a sequence "
-            f"classifier only (task classify, not {config.task.value}): its other heads have not been checked "
+            "classifier only (its own classification head, task classify): its other heads have not been checked "
             "against transformers here")
 
 

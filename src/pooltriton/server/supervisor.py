@@ -27,9 +27,11 @@ instance finishes its batch and exits well within that) is killed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.client
 import logging
+import math
 import os
 import signal
 import threading
@@ -134,10 +136,8 @@ class Supervisor:
     def check(self) -> list[str]:
         """Reload every model one of whose stubs died since the last check; returns those models."""
         alive = server_stubs(self.server.shm_prefix)
-        # A stub retired now is dead, not its instance's live stub (both bear the same name): left in the
-        # scan it could stand for that instance and look like a death, reloading a healthy model.
-        retired = self.retire(alive)
-        current = self.stubs({pid: i for pid, i in alive.items() if pid not in retired})
+        self.retire(alive)
+        current = self.stubs(alive)
         dead = sorted({instance_model(i) for i, pid in self.expected.items() if current.get(i) != pid})
         for model in dead:
             started = time.monotonic()
@@ -159,19 +159,19 @@ class Supervisor:
 
     def retire(self, alive: dict[int, str]) -> dict[int, str]:
         """Kill the replaced stubs still alive (`alive`: this server's stubs now) past their grace (their
-        model was leaked, see above); returns them, pid -> instance."""
+        model was leaked, see above); returns them, pid -> instance. A killed stub stays retiring until no
+        scan lists it: it bears its live replacement's instance name, and a scan made before it was reaped
+        would otherwise let it stand for that instance, a death that reloads a healthy model."""
         now = time.monotonic()
         killed = {}
         for pid, deadline in list(self.retiring.items()):
             if pid not in alive:  # exited (a zombie has no command line)
                 del self.retiring[pid]
             elif now >= deadline:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                     killed[pid] = alive[pid]
-                except ProcessLookupError:
-                    pass
-                del self.retiring[pid]
+                self.retiring[pid] = math.inf
         if killed:
             log.warning("supervisor: %s outlived the unload of its model (Triton kept the model whose stub died "
                         "mid-request); killed", ", ".join(sorted(killed.values())))
