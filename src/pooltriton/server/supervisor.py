@@ -157,25 +157,25 @@ class Supervisor:
                          **{i: current.get(i, 0) for i in reloaded}}
         return dead
 
-    def retire(self, alive: dict[int, str]) -> dict[int, str]:
+    def retire(self, alive: dict[int, str]) -> list[str]:
         """Kill the replaced stubs still alive (`alive`: this server's stubs now) past their grace (their
-        model was leaked, see above); returns them, pid -> instance. A killed stub stays retiring until no
+        model was leaked, see above); returns their instances. A killed stub stays retiring until no
         scan lists it: it bears its live replacement's instance name, and a scan made before it was reaped
         would otherwise let it stand for that instance, a death that reloads a healthy model."""
         now = time.monotonic()
-        killed = {}
+        killed = []
         for pid, deadline in list(self.retiring.items()):
             if pid not in alive:  # exited (a zombie has no command line)
                 del self.retiring[pid]
             elif now >= deadline:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                    killed[pid] = alive[pid]
+                    killed.append(alive[pid])
                 self.retiring[pid] = math.inf
         if killed:
             log.warning("supervisor: %s outlived the unload of its model (Triton kept the model whose stub died "
-                        "mid-request); killed", ", ".join(sorted(killed.values())))
-            self.retired += killed.values()
+                        "mid-request); killed", ", ".join(sorted(killed)))
+            self.retired += killed
         return killed
 
     @functools.cached_property
