@@ -219,12 +219,18 @@ def test_a_decoder_reranker_scores_through_rerank(served, modern_root: Path, nam
     assert np.ptp(list(got.values())) > 1e-3  # the documents really score differently
 
 
-def test_an_nli_classifier_classifies_pairs_as_transformers_does(served, modern_root: Path) -> None:
-    """bart-large-mnli's use: (premise, hypothesis) pairs, three </s> in each, the head reading the last;
-    the served probabilities are transformers' on each pair alone."""
+# Classifiers read with pairs: bart-large-mnli's (premise, hypothesis), three </s> in each and the head
+# reading the last; gte-multilingual-reranker-base's (query, document) in XLM-R's template; a NomicBERT's
+# with BERT's segment ids.
+PAIR_CLASSIFIERS = ("bart", "gte", "nomic_bert")
+
+
+@pytest.mark.parametrize("family", PAIR_CLASSIFIERS)
+def test_a_classifier_classifies_pairs_as_transformers_does(served, modern_root: Path, family: str) -> None:
+    """The served probabilities of (text, text) pairs are transformers' on each pair alone."""
     from transformers import AutoTokenizer
 
-    folder = build(modern_root, "bart", "classify")
+    folder = build(modern_root, family, "classify")
     premises = TEXTS[:6]
     hypotheses = [f"this text is about {word}" for word in ("food", "a dog", "night", "music", "one", "bread")]
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -232,11 +238,15 @@ def test_an_nli_classifier_classifies_pairs_as_transformers_does(served, modern_
     with torch.no_grad():
         expected = np.stack([softmax(model(**tokenizer(p, h, return_tensors="pt")).logits[0].numpy())
                              for p, h in zip(premises, hypotheses)])
-    assert all(tokenizer(p, h)["input_ids"].count(tokenizer.eos_token_id) == 3 for p, h in zip(premises, hypotheses))
-    got = served.classify(premises, model=name_of("bart", "classify"), pairs=hypotheses).probabilities
+    if family == "bart":
+        assert all(tokenizer(p, h)["input_ids"].count(tokenizer.eos_token_id) == 3
+                   for p, h in zip(premises, hypotheses))
+    if family == "nomic_bert":  # the second text's segment is really read
+        assert max(tokenizer(premises[0], hypotheses[0])["token_type_ids"]) == 1
+    got = served.classify(premises, model=name_of(family, "classify"), pairs=hypotheses).probabilities
     assert got.shape == expected.shape and np.abs(got - expected).max() <= MAX_ABS, float(np.abs(got - expected).max())
-    alone = served.classify(premises, model=name_of("bart", "classify")).probabilities
-    assert np.abs(alone - expected).max() > 1e-3  # the hypotheses really change the answers
+    alone = served.classify(premises, model=name_of(family, "classify")).probabilities
+    assert np.abs(alone - expected).max() > 1e-3  # the second texts really change the answers
 
 
 def test_the_texts_are_longer_than_every_window(modern_root: Path) -> None:

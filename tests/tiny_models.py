@@ -27,10 +27,12 @@ from transformers import (
     Gemma3TextConfig,
     GemmaConfig,
     GPT2Config,
+    GteConfig,
     LlamaConfig,
     MistralConfig,
     ModernBertConfig,
     MPNetConfig,
+    NomicBertConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen3Config,
@@ -49,14 +51,16 @@ FAMILIES = ("bert", "xlmr", "distilbert", "gpt2", "qwen2", "llama")
 ENCODERS = ("bert", "xlmr", "distilbert")
 # The architectures people bring today, at a scale where numerics matter (hidden 128, 4 heads) and with
 # attention windows (8 tokens) shorter than the test texts.
-MODERN = ("roberta", "camembert", "mpnet", "electra", "deberta_v2", "modernbert", "qwen3", "mistral", "gemma2",
-          "gemma3", "gemma3_bidirectional")
-MODERN_ENCODERS = ("roberta", "camembert", "mpnet", "electra", "deberta_v2", "modernbert", "gemma3_bidirectional")
+MODERN = ("roberta", "camembert", "mpnet", "electra", "deberta_v2", "modernbert", "nomic_bert", "gte", "qwen3",
+          "mistral", "gemma2", "gemma3", "gemma3_bidirectional")
+MODERN_ENCODERS = ("roberta", "camembert", "mpnet", "electra", "deberta_v2", "modernbert", "nomic_bert", "gte",
+                   "gemma3_bidirectional")
 WINDOW = 8
 # ModernBERT at its real 8,192-token limit (the long-input test; not in the matrix).
 LONG = "modernbert_long"
 _TOKENIZER_KIND = {"distilbert": "bert", "electra": "bert", "deberta_v2": "bert", "modernbert": "bert", LONG: "bert",
-                   "roberta": "xlmr", "camembert": "xlmr", "mpnet": "xlmr", "bart": "xlmr"}
+                   "nomic_bert": "bert", "roberta": "xlmr", "gte": "xlmr", "camembert": "xlmr", "mpnet": "xlmr",
+                   "bart": "xlmr"}
 STEP_TAG = "<step>"
 
 
@@ -158,6 +162,10 @@ def _modern_config(family: str, common: dict):
                                eos_token_id=2, **common)
     if family == "electra":  # its embeddings narrower than its layers (embeddings_project between)
         return ElectraConfig(**size, embedding_size=64, max_position_embeddings=128, **common)
+    if family == "nomic_bert":  # nomic-embed-text: rotary positions, SwiGLU, no biases in attention
+        return NomicBertConfig(**size, max_position_embeddings=128, **common)
+    if family == "gte":  # gte-multilingual-base: XLM-R's vocabulary, rotary positions, gated MLP
+        return GteConfig(**size, max_position_embeddings=128, type_vocab_size=1, **common)
     if family == "mpnet":
         return MPNetConfig(**size, max_position_embeddings=130, bos_token_id=0, eos_token_id=2, **common)
     if family == "deberta_v2":
@@ -211,7 +219,7 @@ def build(root: Path, family: str, head: str, num_labels: int = 3, seed: int = 0
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     # BERT and ELECTRA read segment ids: its tokenizer must hand them over (pairs get 1s for the second text).
-    segments = family in ("bert", "electra")
+    segments = family in ("bert", "electra", "nomic_bert")
     inputs = ["input_ids", "token_type_ids", "attention_mask"] if segments else ["input_ids", "attention_mask"]
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=config.max_position_embeddings
                                    if family != "xlmr" else 128, model_input_names=inputs, **info["tokens"])

@@ -30,7 +30,7 @@ DECODER_MODEL_TYPES = frozenset(
 # sentence-transformers (README: "Architectures"). Anything else is refused at export, by name.
 SUPPORTED_MODEL_TYPES = frozenset(
     {"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "mpnet", "deberta-v2", "modernbert",
-     "bart", "gpt2", "qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3_text"}
+     "nomic_bert", "gte", "bart", "gpt2", "qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3_text"}
 )
 # Of those, families the matrix proves only as a causal LM's reranker (bge-reranker-v2-gemma's).
 RERANKER_ONLY_MODEL_TYPES = frozenset({"gemma"})
@@ -44,7 +44,7 @@ PLAIN_MASK_MODEL_TYPES = frozenset({"deberta", "deberta-v2"})
 POSITION_OFFSET_MODEL_TYPES = frozenset({"roberta", "xlm-roberta", "mpnet", "camembert"})
 CLS_DEFAULT_MODEL_TYPES = frozenset(
     {"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "deberta", "deberta-v2", "modernbert",
-     "mpnet"}
+     "mpnet", "nomic_bert", "gte"}
 )
 # Encoder classifiers whose head takes the first token itself (BERT: CLS + dense + tanh): run whole.
 SELF_POOLING_HEAD_MODEL_TYPES = CLS_DEFAULT_MODEL_TYPES - {"modernbert"}
