@@ -38,10 +38,12 @@ RERANK_TEMPLATE = "query: {query} document: {document} relevant answer"
 # A Gemma 2 one soft-caps its logits (final_logit_softcapping) before the difference.
 RERANKERS = [("qwen3_reranker", "qwen3", ("no", "yes")), ("gemma_reranker", "gemma", ("yes",)),
              ("gemma2_reranker", "gemma2", ("no", "yes"))]
-# sentence-transformers pipelines: every Pooling mode, a Dense after pooling, with and without Normalize.
+# sentence-transformers pipelines: every Pooling mode, a Dense after pooling, with and without Normalize,
+# and T5's encoder as sentence-transformers loads it (T5EncoderModel).
 ST_CASES = [("bert", "max", False, True), ("bert", "mean_sqrt_len_tokens", False, True),
             ("bert", "weightedmean", False, True), ("qwen2", "lasttoken", False, True),
-            ("bert", "mean", True, False), ("xlmr", "cls", True, True)]
+            ("bert", "mean", True, False), ("xlmr", "cls", True, True),
+            ("t5", "mean", True, True)]  # sentence-t5 / GTR: T5's encoder, mean, Dense, Normalize
 
 
 def name_of(family: str, head: str) -> str:

@@ -661,16 +661,18 @@ def test_a_killed_export_s_staging_folder_goes_and_no_other_does(tmp_path: Path)
     assert all(folder.exists() for folder in kept) and not any(folder.exists() for folder in gone)
 
 
-def test_gemma_is_served_as_a_reranker_only(tmp_path: Path) -> None:
-    """The matrix proves Gemma (1) only as bge-reranker-v2-gemma's kind of model: other uses are refused."""
-    model = build(tmp_path / "models", "gemma", "causal")
-    with pytest.raises(ResolutionError, match=r"supported as a reranker \(--classifier-from-tokens\) only"):
-        export_model(model, ExportOptions(name="g", out=tmp_path / "out", runtime="torchscript"))
-
-
-def test_bart_is_served_as_a_sequence_classifier_only(tmp_path: Path) -> None:
-    """The matrix proves BART only as bart-large-mnli's kind of model (its decoder's last </s> into the
-    classification head): an embedding of its decoder's states is refused."""
-    model = build(tmp_path / "models", "bart", "embed")
-    with pytest.raises(ResolutionError, match=r"supported as a sequence classifier only \(its own classification head"):
-        export_model(model, ExportOptions(name="b", out=tmp_path / "out", runtime="torchscript"))
+@pytest.mark.parametrize(("family", "head", "refusal"), [
+    # Gemma (1) as bge-reranker-v2-gemma's kind of model only.
+    ("gemma", "causal", r"supported as a reranker \(--classifier-from-tokens\) only"),
+    # BART as bart-large-mnli's (its decoder's last </s> into the classification head): no embedding of its
+    # decoder's states.
+    ("bart", "embed", r"supported as a sequence classifier \(its own classification head, task classify\) only"),
+    # T5 as sentence-t5's and GTR's encoder: its classifier (encoder-decoder, decoder's last </s>) is unproven.
+    ("t5", "classify", r"supported as an embedding model \(its encoder, task embed\) only"),
+], ids=["gemma", "bart", "t5"])
+def test_a_family_proven_for_one_use_is_refused_for_the_others(tmp_path: Path, family: str, head: str,
+                                                               refusal: str) -> None:
+    model = build(tmp_path / "models", family, head)
+    with pytest.raises(ResolutionError, match=refusal):
+        export_model(model, ExportOptions(name="m", out=tmp_path / "out", runtime="torchscript"))
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

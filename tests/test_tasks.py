@@ -141,8 +141,10 @@ def library_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(folder)
 
 
-def reference(case: Case, folder: Path, texts: list[str], pairs: list[str] | None = None) -> list[np.ndarray]:
-    """The answer per text from transformers (or sentence-transformers), batch of one, no padding."""
+def reference(case: Case, folder: Path, texts: list[str], pairs: list[str] | None = None,
+              dtype: torch.dtype = torch.float32) -> list[np.ndarray]:
+    """The answer per text from transformers (or sentence-transformers), batch of one, no padding; `dtype`
+    (transformers only) float64 for a reference without fp32's rounding."""
     if case.reference == "sentence-transformers":
         from sentence_transformers import SentenceTransformer
 
@@ -150,7 +152,7 @@ def reference(case: Case, folder: Path, texts: list[str], pairs: list[str] | Non
     tokenizer = library_tokenizer(folder)
     loader = {"classify": AutoModelForSequenceClassification, "token_classify": AutoModelForTokenClassification,
               "reward": AutoModelForCausalLM}.get(case.reference, AutoModel)
-    model = loader.from_pretrained(folder).eval()
+    model = loader.from_pretrained(folder).eval().to(dtype)
     model = getattr(model, "base_model", model) if loader is AutoModel else model
     answers = []
     for index, text in enumerate(texts):
@@ -193,7 +195,16 @@ def test_served_equals_reference(served, tiny_root: Path, case: Case) -> None:
     texts = texts_for(case)
     expected = reference(case, folder, texts)
     got = client.encode(texts, model=case.name)
-    assert_matches(case, got if isinstance(got, list) else list(got), expected)
+    try:
+        assert_matches(case, got if isinstance(got, list) else list(got), expected)
+    except AssertionError as error:  # which side is off: the served answer, or transformers' own fp32 one
+        if case.reference == "sentence-transformers":
+            raise
+        exact = reference(case, folder, texts, dtype=torch.float64)
+        served_off = [float(np.abs(g - e).max()) for g, e in zip(got, exact)]
+        reference_off = [float(np.abs(r - e).max()) for r, e in zip(expected, exact)]
+        raise AssertionError(f"{error}; against transformers in fp64, max |served - fp64| per text {served_off}, "
+                             f"max |fp32 reference - fp64| {reference_off}") from None
     # The answers are not trivially equal across texts (a test that cannot fail is a defect).
     size = min(e.size for e in expected)
     probes = np.array([np.ravel(e)[np.linspace(0, size - 1, 16).astype(int)] for e in expected])

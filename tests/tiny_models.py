@@ -37,6 +37,7 @@ from transformers import (
     Qwen2Config,
     Qwen3Config,
     RobertaConfig,
+    T5Config,
     XLMRobertaConfig,
 )
 
@@ -46,6 +47,7 @@ SPECIALS = {
     "bert": ["[PAD]", "[UNK]", "[CLS]", "[SEP]"],
     "xlmr": ["<s>", "<pad>", "</s>", "<unk>"],
     "decoder": ["<pad>", "<unk>", "<step>", "<good>", "<bad>"],
+    "t5": ["<pad>", "</s>", "<unk>"],
 }
 FAMILIES = ("bert", "xlmr", "distilbert", "gpt2", "qwen2", "llama")
 ENCODERS = ("bert", "xlmr", "distilbert")
@@ -116,6 +118,10 @@ def _tokenizer(family: str) -> tuple[Tokenizer, dict]:
             special_tokens=[("<s>", vocab["<s>"]), ("</s>", vocab["</s>"])])
         tokens = {"pad_token": "<pad>", "unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>",
                   "cls_token": "<s>", "sep_token": "</s>"}
+    elif kind == "t5":  # T5 appends </s> and nothing before
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", vocab["</s>"])])
+        tokens = {"pad_token": "<pad>", "unk_token": "<unk>", "eos_token": "</s>"}
     else:
         tokens = {"pad_token": "<pad>", "unk_token": "<unk>"}
     return tokenizer, {"vocab": vocab, "tokens": tokens}
@@ -132,7 +138,7 @@ def _config(family: str, vocab_size: int, pad_id: int, **extra):
                                 **common)
     if family == "distilbert":
         return DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=128, **common)
-    if family in MODERN or family in (LONG, "gemma", "bart"):
+    if family in MODERN or family in (LONG, "gemma", "bart", "t5"):
         return _modern_config(family, common)
     if family == "gpt2":
         return GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, bos_token_id=pad_id,
@@ -157,6 +163,10 @@ def _modern_config(family: str, common: dict):
                           decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256,
                           max_position_embeddings=128, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
                           forced_eos_token_id=2, **common)
+    if family == "t5":  # sentence-t5 / GTR: T5 v1.1's gated-GELU encoder, relative position buckets
+        return T5Config(d_model=128, d_kv=32, d_ff=256, num_layers=3, num_heads=4, feed_forward_proj="gated-gelu",
+                        relative_attention_num_buckets=8, relative_attention_max_distance=16, eos_token_id=1,
+                        decoder_start_token_id=0, tie_word_embeddings=False, **common)
     if family == "camembert":  # RoBERTa's code under its own model_type (sentence-camembert)
         return CamembertConfig(**size, max_position_embeddings=130, type_vocab_size=1, bos_token_id=0,
                                eos_token_id=2, **common)
@@ -218,11 +228,12 @@ def build(root: Path, family: str, head: str, num_labels: int = 3, seed: int = 0
     model = HEADS[head].from_config(config).eval()
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
-    # BERT and ELECTRA read segment ids: its tokenizer must hand them over (pairs get 1s for the second text).
+    # BERT, ELECTRA and NomicBERT read segment ids: the tokenizer hands them over (1s for a pair's second text).
     segments = family in ("bert", "electra", "nomic_bert")
     inputs = ["input_ids", "token_type_ids", "attention_mask"] if segments else ["input_ids", "attention_mask"]
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=config.max_position_embeddings
-                                   if family != "xlmr" else 128, model_input_names=inputs, **info["tokens"])
+    limit = getattr(config, "max_position_embeddings", 128) if family != "xlmr" else 128  # T5: relative positions
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=limit, model_input_names=inputs,
+                                   **info["tokens"])
     fast.save_pretrained(folder)
     if sentence_transformers_pooling:
         (folder / "1_Pooling").mkdir(exist_ok=True)

@@ -30,13 +30,15 @@ DECODER_MODEL_TYPES = frozenset(
 # sentence-transformers (README: "Architectures"). Anything else is refused at export, by name.
 SUPPORTED_MODEL_TYPES = frozenset(
     {"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "mpnet", "deberta-v2", "modernbert",
-     "nomic_bert", "gte", "bart", "gpt2", "qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3_text"}
+     "nomic_bert", "gte", "bart", "t5", "gpt2", "qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3_text"}
 )
-# Of those, families the matrix proves only as a causal LM's reranker (bge-reranker-v2-gemma's).
-RERANKER_ONLY_MODEL_TYPES = frozenset({"gemma"})
-# Families the matrix proves only as sequence classifiers: BART (bart-large-mnli's NLI head reads the
-# decoder's state at the last </s>, LAST pooling of the decoder here).
-CLASSIFY_ONLY_MODEL_TYPES = frozenset({"bart"})
+# Of those, families the matrix proves for one use only (export.build.check_supported refuses the rest):
+# Gemma as a causal LM's reranker (bge-reranker-v2-gemma's); BART as a sequence classifier (bart-large-mnli's
+# NLI head reads the decoder's state at the last </s>, LAST pooling of the decoder here); T5 as the encoder
+# of a sentence-transformers embedding (sentence-t5, GTR: T5EncoderModel, no decoder).
+ONE_USE_MODEL_TYPES = {"gemma": "reranker", "bart": "classify", "t5": "embed"}
+# Encoder-decoder families whose embeddings come from the encoder alone (transformers' AutoModelForTextEncoding).
+TEXT_ENCODER_MODEL_TYPES = frozenset({"t5"})
 # Families whose attention builds its own masks from the plain 0/1 mask (DeBERTa's relative attention
 # reads it as a boolean): they get that mask, not the additive 4-D one.
 PLAIN_MASK_MODEL_TYPES = frozenset({"deberta", "deberta-v2"})
@@ -103,6 +105,7 @@ class PoolerConfig:
     prompts: dict[str, str] = field(default_factory=dict, compare=False)
     default_prompt_name: str | None = None
     self_pooling_head: bool = False  # a classifier whose head pools (the graph runs it whole)
+    text_encoder: bool = False  # an encoder-decoder embedding from its encoder alone (TEXT_ENCODER_MODEL_TYPES)
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -330,6 +333,7 @@ def resolve(
         classifier_token_ids=tuple(token_id for _, token_id in classifier_tokens) if classifier_tokens else None,
         **_prompts(files, resolved_task),
         self_pooling_head=resolved_task is Task.CLASSIFY and model_type in SELF_POOLING_HEAD_MODEL_TYPES,
+        text_encoder=model_type in TEXT_ENCODER_MODEL_TYPES,
         sources=sources,
     )
 

@@ -68,8 +68,7 @@ from pooltriton.contract.parameters import (
 )
 from pooltriton.core.capabilities import AUTO, Capabilities, PrecisionError, choose_precision, detect
 from pooltriton.core.resolve import (
-    CLASSIFY_ONLY_MODEL_TYPES,
-    RERANKER_ONLY_MODEL_TYPES,
+    ONE_USE_MODEL_TYPES,
     SUPPORTED_MODEL_TYPES,
     PoolerConfig,
     ResolutionError,
@@ -319,16 +318,19 @@ def check_supported(config: PoolerConfig) -> None:
             f"{config.architecture or 'this model'} (model_type {config.model_type!r}) is not a supported "
             f"architecture: its attention and heads have not been checked against transformers here. "
             f"Supported model types: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}")
-    if config.model_type in RERANKER_ONLY_MODEL_TYPES and config.classifier_token_ids is None:
+    use = ONE_USE_MODEL_TYPES.get(config.model_type)
+    proven = {"reranker": config.classifier_token_ids is not None,
+              "classify": config.task is Task.CLASSIFY and config.classifier_token_ids is None,
+              "embed": config.task is Task.EMBED and config.classifier_token_ids is None}
+    if use is not None and not proven[use]:
         raise ResolutionError(
-            f"{config.architecture or 'this model'} (model_type {config.model_type!r}) is supported as a reranker "
-            "(--classifier-from-tokens) only: its other heads have not been checked against transformers here")
-    if config.model_type in CLASSIFY_ONLY_MODEL_TYPES and (config.task is not Task.CLASSIFY
-                                                            or config.classifier_token_ids is not None):
-        raise ResolutionError(
-            f"{config.architecture or 'this model'} (model_type {config.model_type!r}) is supported as a sequence "
-            "classifier only (its own classification head, task classify): its other heads have not been checked "
-            "against transformers here")
+            f"{config.architecture or 'this model'} (model_type {config.model_type!r}) is supported as "
+            f"{_ONE_USE_WORDS[use]} only: its other heads have not been checked against transformers here")
+
+
+_ONE_USE_WORDS = {"reranker": "a reranker (--classifier-from-tokens)",
+                  "classify": "a sequence classifier (its own classification head, task classify)",
+                  "embed": "an embedding model (its encoder, task embed)"}
 
 
 def check_model_files(model_dir: Path, allow_pickle: bool, trust_remote_code: bool) -> None:

@@ -14,7 +14,13 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForSequenceClassification,
+    AutoModelForTextEncoding,
+    AutoModelForTokenClassification,
+)
 
 from pooltriton.contract import ACTIVATE, ENCODER_OUTPUT
 from pooltriton.core.resolve import PoolerConfig, ResolutionError
@@ -125,7 +131,8 @@ def _load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: boo
     head: nn.Module | None = None
     returns_logits = False
     if config.task.is_embedding and config.pooling_type is not PoolingType.STEP:
-        network = AutoModel.from_pretrained(model_dir, **load)
+        # T5's AutoModel is the whole encoder-decoder; its embeddings come from the encoder (T5EncoderModel).
+        network = (AutoModelForTextEncoding if config.text_encoder else AutoModel).from_pretrained(model_dir, **load)
         network = getattr(network, "base_model", network)
         if config.dense_layers:
             head = nn.Sequential(*(_st_dense(Path(model_dir) / path, allow_pickle) for path in config.dense_layers))

@@ -30,8 +30,8 @@ def encoder_memory(model_dir: Path) -> tuple[int, int]:
     config = getattr(config, "text_config", None) or config
     hidden = int(config.hidden_size)
     heads = int(config.num_attention_heads)
-    feed_forward = (getattr(config, "intermediate_size", None) or getattr(config, "hidden_dim", None)
-                    or getattr(config, "n_inner", None) or getattr(config, "encoder_ffn_dim", None) or 4 * hidden)
+    widths = ("intermediate_size", "hidden_dim", "n_inner", "encoder_ffn_dim", "d_ff")  # the families' names
+    feed_forward = next((getattr(config, name) for name in widths if getattr(config, name, None)), 4 * hidden)
     token_bytes = FLOAT * (HIDDEN_COPIES * hidden + FEED_FORWARD_COPIES * int(feed_forward))
     cell_bytes = FLOAT * (ATTENTION_COPIES * heads + MASK_COPIES)
     return token_bytes, cell_bytes

@@ -92,7 +92,7 @@ def _class_name(config: PoolerConfig) -> str:
         return "AutoModelForCausalLM"
     if config.task is Task.TOKEN_CLASSIFY:
         return "AutoModelForTokenClassification"
-    return "AutoModel"
+    return "AutoModelForTextEncoding" if config.text_encoder else "AutoModel"
 
 
 def _transformers(model_dir: Path, config: PoolerConfig, load: dict) -> tuple[nn.Module, Compute]:
@@ -100,7 +100,7 @@ def _transformers(model_dir: Path, config: PoolerConfig, load: dict) -> tuple[nn
 
     name = _class_name(config)
     model = getattr(transformers, name).from_pretrained(model_dir, **load)
-    if name == "AutoModel":
+    if name in ("AutoModel", "AutoModelForTextEncoding"):
         model = getattr(model, "base_model", model)
         return model, _pooled_hidden(config.pooling_type)
     if config.classifier_token_ids is not None:  # a reranker: the full LM head at the last token
