@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_models import MODERN, WINDOW, build, build_st
+from tiny_models import MODERN, WINDOW, build, build_sparse, build_st
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
 from pooltriton.client import PoolingClient
@@ -46,6 +46,10 @@ ST_CASES = [("bert", "max", False, True), ("bert", "mean_sqrt_len_tokens", False
             ("t5", "mean", True, True)]  # sentence-t5 / GTR: T5's encoder, mean, Dense, Normalize
 
 
+# SparseEncoder's pooling strategy served by each server (see the served fixture).
+SPLADE = {"onnx": "max", "torchscript": "sum"}
+
+
 def name_of(family: str, head: str) -> str:
     return f"{family}_{head}"
 
@@ -74,11 +78,17 @@ def served(request, modern_root: Path, tmp_path_factory: pytest.TempPathFactory)
     for family, head in CASES:
         export_model(build(modern_root, family, head), ExportOptions(name=name_of(family, head), out=repository,
                                                                      runtime=runtime, tokenizer_instances=1))
+    # SPLADE, saved by SparseEncoder: its max on one server, its sum on the other.
+    export_model(build_sparse(modern_root, "bert", SPLADE[runtime]), ExportOptions(
+        name="splade", out=repository, runtime=runtime, tokenizer_instances=1))
     if runtime == "onnx":
         for case in ST_CASES:
             export_model(build_st(modern_root, *case), ExportOptions(name=st_name(*case), out=repository,
                                                                      runtime=runtime, tokenizer_instances=1))
     else:
+        t5 = next(case for case in ST_CASES if case[0] == "t5")  # T5 in both formats
+        export_model(build_st(modern_root, *t5), ExportOptions(name=st_name(*t5), out=repository, runtime=runtime,
+                                                              tokenizer_instances=1))
         export_model(build_st(modern_root, "bert", "mean", prompts=True),
                      ExportOptions(name="st_prompts", out=repository, runtime=runtime, tokenizer_instances=1))
         for name, family, tokens in RERANKERS:
@@ -141,7 +151,8 @@ def test_sentence_transformers_pipelines_served_as_sentence_transformers_encodes
     """Pooling modes, Dense (with its activation) and Normalize or its absence, as the library runs them."""
     from sentence_transformers import SentenceTransformer
 
-    only_on(served, "onnx")
+    if case[0] != "t5":
+        only_on(served, "onnx")
     folder = build_st(modern_root, *case)
     expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, batch_size=1)
     got = served.embed(TEXTS, model=st_name(*case))
@@ -159,6 +170,24 @@ def test_sentence_transformers_pipelines_served_as_sentence_transformers_encodes
     assert np.abs(raw / np.linalg.norm(raw, axis=1, keepdims=True) - unit).max() <= MAX_ABS
     if not normalize:
         assert np.abs(raw - expected).max() <= MAX_ABS
+
+
+def test_a_splade_model_is_served_as_sentence_transformers_sparse_encoder_encodes(served, modern_root: Path) -> None:
+    """A vocabulary-wide vector per text, log1p(relu(MLM logits)) pooled by max (ONNX server) or sum
+    (TorchScript server), equal to the library's within 1e-5 of each text's largest weight (a sum of
+    ~30 tokens' weights carries fp32 noise in proportion)."""
+    from sentence_transformers import SparseEncoder
+
+    folder = build_sparse(modern_root, "bert", SPLADE[served.runtime])
+    encoder = SparseEncoder(str(folder), device="cpu")
+    expected = encoder.encode(TEXTS, batch_size=1, convert_to_tensor=True, convert_to_sparse_tensor=False).numpy()
+    got = served.embed(TEXTS, model="splade")
+    vocabulary = encoder.tokenizer.vocab_size
+    assert got.shape == expected.shape == (len(TEXTS), vocabulary)
+    for index, (g, e) in enumerate(zip(got, expected)):
+        assert np.abs(g - e).max() <= MAX_ABS * (1 + np.abs(e).max()), (index, float(np.abs(g - e).max()))
+    # Not trivially so: each text weighs much of the (tiny, random) vocabulary and leaves some at zero.
+    assert ((expected > 0).sum(axis=1) > 5).all() and (expected == 0).any(axis=1).all()
 
 
 def test_prompts_are_applied_as_sentence_transformers_applies_them(served, modern_root: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_models import build, build_cross_encoder
+from tiny_models import build, build_cross_encoder, build_st
 
 from pooltriton.contract.config import parse_config
 from pooltriton.core.capabilities import detect
@@ -661,18 +661,46 @@ def test_a_killed_export_s_staging_folder_goes_and_no_other_does(tmp_path: Path)
     assert all(folder.exists() for folder in kept) and not any(folder.exists() for folder in gone)
 
 
+T5_REFUSAL = r"supported as the encoder of a sentence-transformers embedding \(its Pooling, task embed\) only"
+
+
 @pytest.mark.parametrize(("family", "head", "refusal"), [
     # Gemma (1) as bge-reranker-v2-gemma's kind of model only.
     ("gemma", "causal", r"supported as a reranker \(--classifier-from-tokens\) only"),
     # BART as bart-large-mnli's (its decoder's last </s> into the classification head): no embedding of its
     # decoder's states.
     ("bart", "embed", r"supported as a sequence classifier \(its own classification head, task classify\) only"),
-    # T5 as sentence-t5's and GTR's encoder: its classifier (encoder-decoder, decoder's last </s>) is unproven.
-    ("t5", "classify", r"supported as an embedding model \(its encoder, task embed\) only"),
-], ids=["gemma", "bart", "t5"])
+    # T5 as sentence-t5's and GTR's encoder: its classifiers (decoder's last </s>, or per token) are unproven,
+    # and a bare T5Model's default pooling (no sentence-transformers Pooling) too.
+    ("t5", "classify", T5_REFUSAL), ("t5", "token_classify", T5_REFUSAL), ("t5", "embed", T5_REFUSAL),
+], ids=["gemma", "bart", "t5_classify", "t5_token_classify", "t5_bare"])
 def test_a_family_proven_for_one_use_is_refused_for_the_others(tmp_path: Path, family: str, head: str,
                                                                refusal: str) -> None:
     model = build(tmp_path / "models", family, head)
     with pytest.raises(ResolutionError, match=refusal):
         export_model(model, ExportOptions(name="m", out=tmp_path / "out", runtime="torchscript"))
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_every_one_use_family_names_a_use_the_refusal_can_word() -> None:
+    from pooltriton.core.resolve import ONE_USE_MODEL_TYPES
+    from pooltriton.export.build import _ONE_USE_WORDS
+
+    assert set(ONE_USE_MODEL_TYPES.values()) <= set(_ONE_USE_WORDS)
+
+
+def test_a_family_that_overflows_fp16_gets_fp32_from_auto_and_refuses_fp16(tmp_path: Path) -> None:
+    """T5's feed-forward outputs overflow fp16 (transformers keeps them in fp32): a GPU export in auto precision
+    (fp16 elsewhere) runs it in fp32; an explicit fp16 is refused. Other families keep fp16."""
+    from dataclasses import replace
+
+    from pooltriton.core.resolve import resolve
+    from pooltriton.export.build import without_fp16_overflow
+
+    t5 = resolve(build_st(tmp_path / "models", "t5", "mean"))
+    bert = resolve(build(tmp_path / "models", "bert", "embed"))
+    chosen = replace(ExportOptions(name="m", out=tmp_path / "out", runtime="torchscript"), precision="fp16")
+    assert without_fp16_overflow(t5, chosen, "auto").precision == "fp32"
+    assert without_fp16_overflow(bert, chosen, "auto").precision == "fp16"
+    with pytest.raises(ResolutionError, match="overflows in fp16"):
+        without_fp16_overflow(t5, chosen, "fp16")

@@ -169,3 +169,46 @@ def test_sentence_transformers_settings_the_export_cannot_reproduce_are_refused(
     (folder / "config_sentence_transformers.json").write_text(json.dumps({"truncate_dim": 128}))
     with pytest.raises(ResolutionError, match="truncate_dim 128"):
         resolve(folder)
+
+
+def test_a_sparse_encoder_resolves_to_splade_and_its_unreproducible_settings_are_refused(tmp_path) -> None:
+    """sentence-transformers' SparseEncoder (a masked LM, SpladePooling): SPLADE_MAX or SPLADE_SUM, raw (no
+    Normalize); its log1p_relu activation and max_active_dims (top-k) would be other vectors, so refused."""
+    folder = model_dir(tmp_path, "BertForMaskedLM", "bert", st_pooling={"pooling_strategy": "max",
+                                                                         "activation_function": "relu"})
+    modules = json.loads((folder / "modules.json").read_text())
+    modules[1]["type"] = "sentence_transformers.sparse_encoder.modules.splade_pooling.SpladePooling"
+    (folder / "modules.json").write_text(json.dumps(modules))
+    config = resolve(folder)
+    assert (config.task.value, config.pooling_type.value, config.use_activation) == ("embed", "SPLADE_MAX", False)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_strategy": "sum"}))
+    assert resolve(folder).pooling_type.value == "SPLADE_SUM"
+    with pytest.raises(ResolutionError, match="makes an embedding"):
+        resolve(folder, convert="classify", pooling_type="SPLADE_SUM")
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({"max_active_dims": 64}))
+    with pytest.raises(ResolutionError, match="max_active_dims"):
+        resolve(folder)
+    (folder / "config_sentence_transformers.json").unlink()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_strategy": "max",
+                                                                  "activation_function": "log1p_relu"}))
+    with pytest.raises(ResolutionError, match="log1p_relu"):
+        resolve(folder)
+    # sentence-transformers 5's saves: MLMTransformer, the older key for the width; a config naming no
+    # strategy pools by the library's default (max).
+    modules[0]["type"] = "sentence_transformers.sparse_encoder.models.MLMTransformer"
+    modules[1]["type"] = "sentence_transformers.sparse_encoder.models.SpladePooling"
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 30522}))
+    assert resolve(folder).pooling_type.value == "SPLADE_MAX"
+    # A query Router (inference-free SPLADE) is another pipeline: refused by name.
+    router = {"idx": 2, "name": "2", "path": "2_Router", "type": "sentence_transformers.base.modules.Router"}
+    (folder / "modules.json").write_text(json.dumps([*modules, router]))
+    with pytest.raises(ResolutionError, match="Router"):
+        resolve(folder)
+
+
+def test_an_explicit_splade_pooling_serves_raw_weights(tmp_path) -> None:
+    folder = model_dir(tmp_path, "BertForMaskedLM", "bert")
+    config = resolve(folder, pooling_type="SPLADE_SUM")
+    assert (config.pooling_type.value, config.use_activation) == ("SPLADE_SUM", False)
+    assert resolve(folder, pooling_type="SPLADE_SUM", use_activation=True).use_activation

@@ -198,7 +198,7 @@ def test_served_equals_reference(served, tiny_root: Path, case: Case) -> None:
     try:
         assert_matches(case, got if isinstance(got, list) else list(got), expected)
     except AssertionError as error:  # which side is off: the served answer, or transformers' own fp32 one
-        if case.reference == "sentence-transformers":
+        if case.reference == "sentence-transformers" or any(g.shape != e.shape for g, e in zip(got, expected)):
             raise
         exact = reference(case, folder, texts, dtype=torch.float64)
         served_off = [float(np.abs(g - e).max()) for g, e in zip(got, exact)]

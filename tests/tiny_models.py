@@ -15,6 +15,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import (
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     BartConfig,
@@ -211,6 +212,7 @@ HEADS = {
     "classify": AutoModelForSequenceClassification,
     "token_classify": AutoModelForTokenClassification,
     "causal": AutoModelForCausalLM,
+    "masked_lm": AutoModelForMaskedLM,
 }
 
 
@@ -277,6 +279,20 @@ def build_st(root: Path, family: str, pooling_mode: str, dense: bool = False, no
         modules.append(Normalize())
     SentenceTransformer(modules=modules, device="cpu", prompts=PROMPTS if prompts else None,
                         default_prompt_name="query" if prompts else None).save(str(folder))
+    return folder
+
+
+def build_sparse(root: Path, family: str, strategy: str) -> Path:
+    """A SPLADE model saved by sentence-transformers' SparseEncoder itself: the tiny `family` masked LM
+    (Transformer with transformer_task fill-mask) and SpladePooling(`strategy`: max or sum)."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sentence_transformer.modules import Transformer
+    from sentence_transformers.sparse_encoder.modules import SpladePooling
+
+    folder = root / f"splade-{family}-{strategy}"
+    if not (folder / "modules.json").is_file():
+        transformer = Transformer(str(build(root, family, "masked_lm")), transformer_task="fill-mask")
+        SparseEncoder(modules=[transformer, SpladePooling(pooling_strategy=strategy)], device="cpu").save(str(folder))
     return folder
 
 

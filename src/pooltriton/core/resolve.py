@@ -37,6 +37,9 @@ SUPPORTED_MODEL_TYPES = frozenset(
 # NLI head reads the decoder's state at the last </s>, LAST pooling of the decoder here); T5 as the encoder
 # of a sentence-transformers embedding (sentence-t5, GTR: T5EncoderModel, no decoder).
 ONE_USE_MODEL_TYPES = {"gemma": "reranker", "bart": "classify", "t5": "embed"}
+# Families whose activations overflow fp16 (transformers keeps T5's feed-forward output layers in fp32): a
+# GPU export in auto precision runs them in fp32, and an explicit fp16 is refused.
+FP16_OVERFLOW_MODEL_TYPES = frozenset({"t5"})
 # Encoder-decoder families whose embeddings come from the encoder alone (transformers' AutoModelForTextEncoding).
 TEXT_ENCODER_MODEL_TYPES = frozenset({"t5"})
 # Families whose attention builds its own masks from the plain 0/1 mask (DeBERTa's relative attention
@@ -64,7 +67,8 @@ _ST_MODE_NAMES = {"cls": PoolingType.CLS, "mean": PoolingType.MEAN, "lasttoken":
                   "max": PoolingType.MAX, "mean_sqrt_len_tokens": PoolingType.MEAN_SQRT_LEN,
                   "weightedmean": PoolingType.WEIGHTED_MEAN}
 # The sentence-transformers modules an export reproduces (by the class name ending the module's type).
-_ST_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+_ST_MODULES = ("Transformer", "Pooling", "Dense", "Normalize", "MLMTransformer", "SpladePooling")
+_SPLADE_STRATEGIES = {"max": PoolingType.SPLADE_MAX, "sum": PoolingType.SPLADE_SUM}
 _PROBLEM_TYPE_ACTIVATION = {
     "regression": Activation.IDENTITY,
     "single_label_classification": Activation.SOFTMAX,
@@ -212,7 +216,15 @@ def sliding_window(hf: dict[str, Any]) -> int:
     return int(window) // 2 + 1 if hf.get("use_bidirectional_attention") else int(window)
 
 
-def st_pooling_type(pooling: dict[str, Any]) -> PoolingType | None:
+def st_pooling_type(pooling: dict[str, Any], splade: bool = False) -> PoolingType | None:
+    if splade:  # a SparseEncoder's SpladePooling (its defaults where the file names none: max, relu)
+        activation = pooling.get("activation_function", "relu")
+        if activation != "relu":
+            raise ResolutionError(f"SpladePooling activation_function {activation!r} is not supported (relu is)")
+        strategy = pooling.get("pooling_strategy", "max")
+        if strategy not in _SPLADE_STRATEGIES:
+            raise ResolutionError(f"SpladePooling pooling_strategy {strategy!r} is not supported (max or sum)")
+        return _SPLADE_STRATEGIES[strategy]
     if pooling.get("include_prompt") is False:
         raise ResolutionError("sentence-transformers pooling without the prompt's tokens (include_prompt: false) "
                               "is not supported")
@@ -311,8 +323,13 @@ def resolve(
     if resolved_pooling is PoolingType.STEP and not (returned_token_ids or step_tag_id is not None):
         raise ResolutionError("STEP pooling needs returned_token_ids or step_tag_id")
     num_labels, labels = _resolve_labels(files, resolved_task, classifier_tokens, returned_token_ids)
+    raw_splade = resolved_pooling.sparse and use_activation is None and files.st_pooling is None
     activation, use_activation = _resolve_activation(files, resolved_task, num_labels, use_activation,
                                                      classifier_tokens is not None, sources)
+    if raw_splade:  # SPLADE weights are served raw unless asked (sentence-transformers' have no Normalize)
+        use_activation = False
+    if resolved_pooling.sparse and resolved_task is Task.EMBED and st_dense_layers(files):
+        raise ResolutionError("a Dense module after SPLADE pooling is not supported")
     length, sources["max_length"] = resolve_max_length(files, max_length)
     return PoolerConfig(
         task=resolved_task,
@@ -368,7 +385,8 @@ def _resolve_pooling(files: ModelFiles, task: Task, pooling_type: PoolingType | 
                      sources: dict[str, str]) -> PoolingType:
     """Explicit > token tasks' ALL > sentence-transformers > the classifier's config > the architecture's."""
     model_type = files.hf.get("model_type", "")
-    st_type = st_pooling_type(files.st_pooling) if files.st_pooling is not None else None
+    st_type = (st_pooling_type(files.st_pooling, splade=files.has_st_module("SpladePooling"))
+               if files.st_pooling is not None else None)
     if pooling_type is not None:
         resolved, sources["pooling_type"] = PoolingType(pooling_type), EXPLICIT
     elif task.per_token:
@@ -385,8 +403,13 @@ def _resolve_pooling(files: ModelFiles, task: Task, pooling_type: PoolingType | 
     if resolved.per_token != task.per_token:
         raise ResolutionError(
             f"pooling type {resolved.value} does not fit task {task.value}: "
-            "token tasks take ALL or STEP, sequence tasks CLS, LAST, MEAN, MAX, MEAN_SQRT_LEN or WEIGHTED_MEAN"
+            "token tasks take ALL or STEP, sequence tasks CLS, LAST, MEAN, MAX, MEAN_SQRT_LEN, WEIGHTED_MEAN, "
+            "SPLADE_MAX or SPLADE_SUM"
         )
+    if resolved.sparse and task is not Task.EMBED:
+        raise ResolutionError(f"pooling type {resolved.value} makes an embedding (task embed), not {task.value}")
+    if resolved.sparse and (files.st_config or {}).get("max_active_dims"):
+        raise ResolutionError("a SparseEncoder's max_active_dims (keeping only the largest weights) is not supported")
     return resolved
 
 

@@ -34,10 +34,19 @@ class PoolingType(str, Enum):
     MAX = "MAX"
     MEAN_SQRT_LEN = "MEAN_SQRT_LEN"
     WEIGHTED_MEAN = "WEIGHTED_MEAN"
+    # SPLADE (sentence-transformers' SparseEncoder, vLLM's SPLADE pooler): log(1 + relu(MLM logits)) of the
+    # real tokens, their max (SPLADE v2 and later) or sum (the first SPLADE): one weight per vocabulary entry.
+    SPLADE_MAX = "SPLADE_MAX"
+    SPLADE_SUM = "SPLADE_SUM"
 
     @property
     def per_token(self) -> bool:
         return self in (PoolingType.ALL, PoolingType.STEP)
+
+    @property
+    def sparse(self) -> bool:
+        """Pools the masked-LM head's logits (a vocabulary-wide vector), not the hidden states."""
+        return self in (PoolingType.SPLADE_MAX, PoolingType.SPLADE_SUM)
 
 
 class Activation(str, Enum):

@@ -68,13 +68,15 @@ from pooltriton.contract.parameters import (
 )
 from pooltriton.core.capabilities import AUTO, Capabilities, PrecisionError, choose_precision, detect
 from pooltriton.core.resolve import (
+    FP16_OVERFLOW_MODEL_TYPES,
     ONE_USE_MODEL_TYPES,
+    SENTENCE_TRANSFORMERS,
     SUPPORTED_MODEL_TYPES,
     PoolerConfig,
     ResolutionError,
     resolve,
 )
-from pooltriton.core.runtimes import CPU, CUDA, FP32, INT8, RUNTIMES, TOLERANCES, Runtime
+from pooltriton.core.runtimes import CPU, CUDA, FP16, FP32, INT8, RUNTIMES, TOLERANCES, Runtime
 from pooltriton.core.semantics import PoolingType, Task
 from pooltriton.export.publish import publish, staging_folder
 
@@ -218,6 +220,7 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     progress(f"resolving pooler configuration of {model_dir}")
     config = resolve_options(model_dir, options)
     check_supported(config)
+    options = without_fp16_overflow(config, options, requested.precision)
     if options.precision == INT8 and config.task is not Task.EMBED:
         if requested.precision != AUTO:
             raise ResolutionError(f"--precision int8 serves embedding models (its bounds are cosine and "
@@ -245,7 +248,7 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
         print(report.table(), file=sys.stderr)
         progress(f"writing model configurations under {out}")
         for model in pipeline_configs(options, config, encoder.input_names, ENCODER_OUTPUT, width,
-                                      tokenizer.pad_token_id, encoder_memory(model_dir)):
+                                      tokenizer.pad_token_id, encoder_memory(model_dir, config.pooling_type.sparse)):
             model.write(staging)
         (staging / names.tokenizer / "1" / "tokenizer.json").write_text(tokenizer.text, encoding="utf-8")
         _write_json(staging / names.encoder / "verification.json", asdict(report))
@@ -255,6 +258,17 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
         shutil.rmtree(staging, ignore_errors=True)
     print(f"exported {options.name} ({options.runtime}, {options.precision}) to {out}", file=sys.stderr)
     return asdict(report)
+
+
+def without_fp16_overflow(config: PoolerConfig, options: ExportOptions, requested: str) -> ExportOptions:
+    """fp32 where auto chose fp16 for a family that overflows in it (T5); an explicit fp16 is refused."""
+    if options.precision != FP16 or config.model_type not in FP16_OVERFLOW_MODEL_TYPES:
+        return options
+    if requested != AUTO:
+        raise ResolutionError(f"{config.architecture} (model_type {config.model_type!r}) overflows in fp16 "
+                              "(transformers keeps its feed-forward outputs in fp32); use --precision fp32 or bf16")
+    print(f"--precision auto: fp32 ({config.model_type} overflows in fp16)", file=sys.stderr)
+    return replace(options, precision=FP32)
 
 
 def _auto_without_int8(requested: ExportOptions, reason: str) -> tuple[Runtime, ExportOptions]:
@@ -321,7 +335,9 @@ def check_supported(config: PoolerConfig) -> None:
     use = ONE_USE_MODEL_TYPES.get(config.model_type)
     proven = {"reranker": config.classifier_token_ids is not None,
               "classify": config.task is Task.CLASSIFY and config.classifier_token_ids is None,
-              "embed": config.task is Task.EMBED and config.classifier_token_ids is None}
+              "embed": (config.task is Task.EMBED and config.classifier_token_ids is None
+                        and not config.pooling_type.sparse
+                        and config.sources.get("pooling_type") == SENTENCE_TRANSFORMERS)}
     if use is not None and not proven[use]:
         raise ResolutionError(
             f"{config.architecture or 'this model'} (model_type {config.model_type!r}) is supported as "
@@ -330,7 +346,7 @@ def check_supported(config: PoolerConfig) -> None:
 
 _ONE_USE_WORDS = {"reranker": "a reranker (--classifier-from-tokens)",
                   "classify": "a sequence classifier (its own classification head, task classify)",
-                  "embed": "an embedding model (its encoder, task embed)"}
+                  "embed": "the encoder of a sentence-transformers embedding (its Pooling, task embed)"}
 
 
 def check_model_files(model_dir: Path, allow_pickle: bool, trust_remote_code: bool) -> None:
@@ -373,6 +389,9 @@ class _Tensors:
 
 
 def check_matryoshka(options: ExportOptions, config: PoolerConfig, width: int) -> None:
+    if options.matryoshka_dimensions and config.pooling_type.sparse:
+        raise ResolutionError("Matryoshka dimensions cut an embedding's first entries; a SPLADE vector's entries "
+                              "are the vocabulary's, so none can be cut")
     if options.matryoshka_dimensions and (not config.task.is_embedding
                                           or any(not 0 < d < width for d in options.matryoshka_dimensions)):
         raise ResolutionError(f"Matryoshka dimensions must be below the embedding width {width}, for embed tasks")

@@ -36,6 +36,7 @@ class PoolingEncoder(nn.Module):
         super().__init__()
         self.network = network
         self.pool = get_pooler(config.pooling_type) if not returns_logits or config.task.per_token else None
+        self.sparse = config.pooling_type.sparse  # pools the masked-LM head's logits (SPLADE)
         self.head = head
         # Embed normalises inside the graph, per text as ACTIVATE says (the ensemble needs no pooler).
         self.activates = config.task is Task.EMBED and config.activation is Activation.NORMALIZE
@@ -96,7 +97,7 @@ class PoolingEncoder(nn.Module):
         output = self.network(**kwargs)
         if self.returns_logits:
             return output.logits.float()
-        states = output.last_hidden_state
+        states = output.logits if self.sparse else output.last_hidden_state
         pooled = self.pool(states, attention_mask) if self.pool is not None else states
         vectors = (self.head(pooled) if self.head is not None else pooled).float()
         if ACTIVATE not in named:
@@ -115,7 +116,8 @@ def load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: bool
         return _load_encoder(model_dir, config, allow_pickle, trust_remote_code)
     except ResolutionError:
         raise
-    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as error:
+    # AttributeError / ImportError: custom model code written for another transformers (nomic's, for one).
+    except (OSError, ValueError, RuntimeError, KeyError, AttributeError, ImportError, SafetensorError) as error:
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise ResolutionError(f"{model_dir}: the model cannot be loaded by transformers "
                               f"({type(error).__name__}: {first})") from error
@@ -130,7 +132,11 @@ def _load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: boo
     hf_config._attn_implementation = "eager"
     head: nn.Module | None = None
     returns_logits = False
-    if config.task.is_embedding and config.pooling_type is not PoolingType.STEP:
+    if config.pooling_type.sparse:  # SPLADE: the masked-LM head's logits, pooled in the graph
+        from transformers import AutoModelForMaskedLM
+
+        network = AutoModelForMaskedLM.from_pretrained(model_dir, **load)
+    elif config.task.is_embedding and config.pooling_type is not PoolingType.STEP:
         # T5's AutoModel is the whole encoder-decoder; its embeddings come from the encoder (T5EncoderModel).
         network = (AutoModelForTextEncoding if config.text_encoder else AutoModel).from_pretrained(model_dir, **load)
         network = getattr(network, "base_model", network)
@@ -252,6 +258,8 @@ def output_width(encoder: PoolingEncoder, config: PoolerConfig) -> int:
         return linears[-1].out_features
     if encoder.returns_logits:
         return int(encoder.config.num_labels)
+    if encoder.sparse:  # the masked-LM head's own width (the vocabulary's)
+        return int(encoder.network.get_output_embeddings().out_features)
     return int(encoder.config.hidden_size)
 
 

@@ -20,10 +20,13 @@ MASK_COPIES = 2
 # and two feed-forward-sized ones (the up projection and its activation).
 HIDDEN_COPIES = 16
 FEED_FORWARD_COPIES = 2
+# SPLADE's vocabulary-wide logits per token: the head's output, the masked product and log1p(relu(.)).
+LOGIT_COPIES = 3
 
 
-def encoder_memory(model_dir: Path) -> tuple[int, int]:
-    """(bytes per token, bytes per attention cell) of one row at a layer's peak."""
+def encoder_memory(model_dir: Path, vocabulary_logits: bool = False) -> tuple[int, int]:
+    """(bytes per token, bytes per attention cell) of one row at a layer's peak; `vocabulary_logits`: the
+    graph keeps the masked-LM head's logits of every token (SPLADE), which outweigh a layer's activations."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_dir)
@@ -33,5 +36,7 @@ def encoder_memory(model_dir: Path) -> tuple[int, int]:
     widths = ("intermediate_size", "hidden_dim", "n_inner", "encoder_ffn_dim", "d_ff")  # the families' names
     feed_forward = next((getattr(config, name) for name in widths if getattr(config, name, None)), 4 * hidden)
     token_bytes = FLOAT * (HIDDEN_COPIES * hidden + FEED_FORWARD_COPIES * int(feed_forward))
+    if vocabulary_logits:
+        token_bytes = max(token_bytes, FLOAT * LOGIT_COPIES * int(config.vocab_size))
     cell_bytes = FLOAT * (ATTENTION_COPIES * heads + MASK_COPIES)
     return token_bytes, cell_bytes

@@ -58,6 +58,25 @@ class WeightedMeanPool(nn.Module):
         return (hidden.float() * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
 
 
+def _splade_weights(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sentence-transformers' SpladePooling (activation relu): log1p(relu(MLM logits)), padding zeroed first."""
+    return torch.log1p(torch.relu(logits.float() * mask.unsqueeze(-1).to(torch.float32)))
+
+
+class SpladeMaxPool(nn.Module):
+    """SPLADE v2 and later: every weight is >= 0, so a zeroed pad cannot win the max."""
+
+    def forward(self, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return _splade_weights(logits, mask).max(dim=1).values
+
+
+class SpladeSumPool(nn.Module):
+    """The first SPLADE: the sum over the real tokens."""
+
+    def forward(self, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return _splade_weights(logits, mask).sum(dim=1)
+
+
 class AllPool(nn.Module):
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return hidden
@@ -72,6 +91,8 @@ POOLERS: dict[PoolingType, type[nn.Module]] = {
     PoolingType.MAX: MaxPool,
     PoolingType.MEAN_SQRT_LEN: MeanSqrtLenPool,
     PoolingType.WEIGHTED_MEAN: WeightedMeanPool,
+    PoolingType.SPLADE_MAX: SpladeMaxPool,  # over the masked-LM head's logits (export.encoder)
+    PoolingType.SPLADE_SUM: SpladeSumPool,
 }
 
 

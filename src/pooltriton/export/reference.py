@@ -60,8 +60,9 @@ def load_reference(model_dir: str | Path, config: PoolerConfig, allow_pickle: bo
     model_dir = Path(model_dir)
     if (config.task is Task.EMBED and config.sources.get("pooling_type") == SENTENCE_TRANSFORMERS
             and (model_dir / "modules.json").is_file()):
-        return Reference(lambda: _sentence_transformers(model_dir, trust_remote_code),
-                         "sentence-transformers (its own pipeline, up to Normalize)")
+        library = "SparseEncoder" if config.pooling_type.sparse else "SentenceTransformer"
+        return Reference(lambda: _sentence_transformers(model_dir, trust_remote_code, library),
+                         f"sentence-transformers ({library}: its own pipeline, up to Normalize)")
     load = {"use_safetensors": None if allow_pickle else True, "trust_remote_code": trust_remote_code}
     semantics = (f"the LM head's {'yes - no' if len(config.classifier_token_ids) == 2 else 'yes'} logit at the "
                  "last token" if config.classifier_token_ids is not None
@@ -70,11 +71,11 @@ def load_reference(model_dir: str | Path, config: PoolerConfig, allow_pickle: bo
                      f"{semantics}")
 
 
-def _sentence_transformers(model_dir: Path, trust_remote_code: bool) -> tuple[nn.Module, Compute]:
-    from sentence_transformers import SentenceTransformer
+def _sentence_transformers(model_dir: Path, trust_remote_code: bool, library: str) -> tuple[nn.Module, Compute]:
+    import sentence_transformers
     from sentence_transformers.sentence_transformer.modules import Normalize
 
-    full = SentenceTransformer(str(model_dir), device="cpu", trust_remote_code=trust_remote_code)
+    full = getattr(sentence_transformers, library)(str(model_dir), device="cpu", trust_remote_code=trust_remote_code)
     pipeline = nn.Sequential(*(m for m in full._modules.values() if not isinstance(m, Normalize)))
 
     def compute(module: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -84,6 +85,8 @@ def _sentence_transformers(model_dir: Path, trust_remote_code: bool) -> tuple[nn
 
 
 def _class_name(config: PoolerConfig) -> str:
+    if config.pooling_type.sparse:
+        return "AutoModelForMaskedLM"
     if config.classifier_token_ids is not None:
         return "AutoModelForCausalLM"
     if config.task is Task.CLASSIFY:
@@ -111,6 +114,12 @@ def _transformers(model_dir: Path, config: PoolerConfig, load: dict) -> tuple[nn
             return last[[ids[-1]]] - last[[ids[0]]] if len(ids) == 2 else last[[ids[0]]]
 
         return model, relevance
+    if name == "AutoModelForMaskedLM":  # SPLADE, as its paper writes it: log(1 + relu(logits)), max or sum
+        def splade(module: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+            weights = torch.log1p(torch.relu(module(**inputs).logits[0]))
+            return weights.sum(0) if config.pooling_type is PoolingType.SPLADE_SUM else weights.max(0).values
+
+        return model, splade
     if name == "AutoModelForCausalLM":  # process reward: the LM head's logits of a few ids, every token
         columns = list(config.returned_token_ids or ())
         return model, lambda module, inputs: module(**inputs).logits[0][:, columns]

@@ -119,8 +119,10 @@ class _library:
 
             saved = self.model_dir / "config_sentence_transformers.json"
             kind = json.loads(saved.read_text()).get("model_type") if saved.is_file() else None
-            # A CrossEncoder (sentence-transformers 6 saves one with modules.json) tokenizes pairs.
-            loader = st.CrossEncoder if kind == "CrossEncoder" else st.SentenceTransformer
+            # A CrossEncoder (sentence-transformers 6 saves one with modules.json) tokenizes pairs; a
+            # SparseEncoder (SPLADE) is loaded as itself (its masked-LM head, not a bare encoder).
+            loader = {"CrossEncoder": st.CrossEncoder, "SparseEncoder": st.SparseEncoder}.get(kind,
+                                                                                            st.SentenceTransformer)
             self.model = loader(str(self.model_dir), device="cpu", trust_remote_code=self.trust_remote_code)
             self.name = CROSS_ENCODER if kind == "CrossEncoder" else SENTENCE_TRANSFORMERS
             self.encode = self._sentence_transformers
