@@ -323,12 +323,10 @@ def resolve(
     if resolved_pooling is PoolingType.STEP and not (returned_token_ids or step_tag_id is not None):
         raise ResolutionError("STEP pooling needs returned_token_ids or step_tag_id")
     num_labels, labels = _resolve_labels(files, resolved_task, classifier_tokens, returned_token_ids)
-    raw_splade = resolved_pooling.sparse and use_activation is None and files.st_pooling is None
     activation, use_activation = _resolve_activation(files, resolved_task, num_labels, use_activation,
-                                                     classifier_tokens is not None, sources)
-    if raw_splade:  # SPLADE weights are served raw unless asked (sentence-transformers' have no Normalize)
-        use_activation = False
-    if resolved_pooling.sparse and resolved_task is Task.EMBED and st_dense_layers(files):
+                                                     classifier_tokens is not None, resolved_pooling.sparse, sources)
+    dense_layers = st_dense_layers(files) if resolved_task is Task.EMBED else ()
+    if resolved_pooling.sparse and dense_layers:
         raise ResolutionError("a Dense module after SPLADE pooling is not supported")
     length, sources["max_length"] = resolve_max_length(files, max_length)
     return PoolerConfig(
@@ -346,7 +344,7 @@ def resolve(
         causal=is_causal(files),
         sliding_window=sliding_window(files.hf),
         plain_mask=model_type in PLAIN_MASK_MODEL_TYPES,
-        dense_layers=st_dense_layers(files) if resolved_task is Task.EMBED else (),
+        dense_layers=dense_layers,
         classifier_token_ids=tuple(token_id for _, token_id in classifier_tokens) if classifier_tokens else None,
         **_prompts(files, resolved_task),
         self_pooling_head=resolved_task is Task.CLASSIFY and model_type in SELF_POOLING_HEAD_MODEL_TYPES,
@@ -425,9 +423,10 @@ def _resolve_labels(files: ModelFiles, task: Task, classifier_tokens: tuple | No
 
 
 def _resolve_activation(files: ModelFiles, task: Task, num_labels: int | None, use_activation: bool | None,
-                        classifier_tokens: bool, sources: dict[str, str]) -> tuple[Activation, bool]:
-    """Embeddings normalise (unless sentence-transformers has no Normalize); classifiers follow
-    problem_type > sentence-transformers > label count."""
+                        classifier_tokens: bool, sparse: bool, sources: dict[str, str]) -> tuple[Activation, bool]:
+    """Embeddings normalise (unless sentence-transformers has no Normalize, or they are SPLADE weights, served
+    raw as the library's SparseEncoder has no Normalize); classifiers follow problem_type >
+    sentence-transformers > label count."""
     if task.is_embedding:
         activation = Activation.NORMALIZE
         if use_activation is not None:
@@ -436,7 +435,7 @@ def _resolve_activation(files: ModelFiles, task: Task, num_labels: int | None, u
             use_activation = files.has_st_module("Normalize")
             sources["use_activation"] = SENTENCE_TRANSFORMERS
         else:
-            use_activation, sources["use_activation"] = True, TASK_DEFAULT
+            use_activation, sources["use_activation"] = not sparse, TASK_DEFAULT
         sources["activation"] = TASK_DEFAULT
         return activation, bool(use_activation)
     if classifier_tokens:

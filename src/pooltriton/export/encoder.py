@@ -17,6 +17,7 @@ from torch import nn
 from transformers import (
     AutoConfig,
     AutoModel,
+    AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
     AutoModelForTextEncoding,
     AutoModelForTokenClassification,
@@ -133,8 +134,6 @@ def _load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: boo
     head: nn.Module | None = None
     returns_logits = False
     if config.pooling_type.sparse:  # SPLADE: the masked-LM head's logits, pooled in the graph
-        from transformers import AutoModelForMaskedLM
-
         network = AutoModelForMaskedLM.from_pretrained(model_dir, **load)
     elif config.task.is_embedding and config.pooling_type is not PoolingType.STEP:
         # T5's AutoModel is the whole encoder-decoder; its embeddings come from the encoder (T5EncoderModel).
