@@ -79,8 +79,8 @@ class FakeClient:
             raise InferenceServerException("text 0 is bad", status="StatusCode.INVALID_ARGUMENT")
         if any(t == "busy" for t in texts):
             raise InferenceServerException("queue full", status="StatusCode.UNAVAILABLE")
-        if request.model in ("emb", "cls"):
-            width = WIDTH if request.model == "emb" else 2
+        if request.model in ("emb", "cls", "raw"):
+            width = 2 if request.model == "cls" else WIDTH
             values = np.array([[len(t) + i for i in range(width)] for t in texts], dtype=np.float32)
             return {request.outputs[0]: values, PROMPT_TOKENS: np.array([[_words(t)] for t in texts])}
         if request.model == "emb_score":
@@ -158,6 +158,26 @@ def test_a_size_the_model_cannot_give_is_refused_before_it_runs(http, fake) -> N
     assert len(fake.requests) == sent
     full = http.post("/v1/embeddings", json={"model": "emb", "input": "ab", "dimensions": WIDTH})
     assert full.status_code == 200 and len(full.json()["data"][0]["embedding"]) == WIDTH
+
+
+def test_cohere_int8_is_refused_for_a_model_whose_embeddings_are_not_unit_vectors() -> None:
+    """int8/uint8 scale by 127 (unit vectors); a raw model's components (here 1-7) would all clip to 127.
+    Refused before it runs; float still serves (and the sign bits of binary would: the fake is 4 wide)."""
+    fake = FakeClient()
+    fake.server.configs["raw"] = _config("raw", "embed", ["EMBEDDING", PROMPT_TOKENS], use_activation=False)
+    with TestClient(create_app("unused:0", client=fake)) as http:
+        for kind in ("int8", "uint8"):
+            refused = http.post("/v2/embed", json={"model": "raw", "texts": ["abc"],
+                                                   "embedding_types": ["float", kind]})
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error"]["param"] == "embedding_types"
+            assert f"embedding type {kind} scales unit-length vectors" in refused.json()["error"]["message"]
+        assert not fake.requests
+        served = http.post("/v2/embed", json={"model": "raw", "texts": ["abc"], "embedding_types": ["float"]})
+        assert served.status_code == 200 and served.json()["embeddings"]["float"] == [[3, 4, 5, 6]]
+        # a normalised model's int8 still serves
+        normalised = http.post("/v2/embed", json={"model": "emb", "texts": ["a"], "embedding_types": ["int8"]})
+        assert normalised.status_code == 200
 
 
 def test_rerank_and_score_carry_documents_and_usage(http, fake) -> None:

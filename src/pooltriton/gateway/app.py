@@ -59,6 +59,7 @@ from pooltriton.gateway.serving import (
     as_texts,
     base64_vector,
     check_packing,
+    check_scaling,
     cohere_encode,
     cohere_prompt,
     encode_inputs,
@@ -143,6 +144,7 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request):
     except ValueError as error:
         raise APIError(400, str(error), "output_dimension") from None
     check_packing(body.embedding_types, body.output_dimension or model.width)
+    check_scaling(body.embedding_types, model)
     pooled = await serving(service.encode(body.texts, model=model.name, priority=body.priority,
                                           dimensions=body.output_dimension, **body.parameters(),
                                           **({"prompt_name": prompt} if prompt else {})),

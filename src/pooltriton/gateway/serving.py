@@ -147,6 +147,20 @@ def check_packing(kinds: Sequence[str], width: int | None) -> None:
                        "not divisible by 8", "embedding_types")
 
 
+SCALED_TYPES = ("int8", "uint8")
+
+
+def check_scaling(kinds: Sequence[str], model: ServedModel) -> None:
+    """int8/uint8 scale each component by 127, which keeps it in range only in a unit vector: a model
+    whose embeddings are raw (a sentence-transformers pipeline without Normalize, SPLADE's weights) would
+    come back clipped, so the type is refused before the model runs. Exports older than the flag pass."""
+    scaled = [kind for kind in kinds if kind in SCALED_TYPES]
+    if scaled and model.use_activation is False:
+        raise APIError(400, f"embedding type {scaled[0]} scales unit-length vectors by 127: model "
+                       f"{model.name!r} returns unnormalised embeddings, which it would clip; ask for float, "
+                       "base64, binary or ubinary", "embedding_types")
+
+
 def cohere_encode(vectors: np.ndarray, kind: str) -> list:
     """Cohere's embedding types. int8/uint8 scale unit-vector components by 127; binary types pack
     the sign bits 8 per byte, 1 for a component >= 0 (binary: signed, ubinary: unsigned), as vLLM packs
