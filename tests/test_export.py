@@ -523,6 +523,11 @@ def test_the_export_serves_the_tokenizer_transformers_runs(tmp_path: Path) -> No
     folder = build(tmp_path / "models", "llama", "embed")
     hf = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**hf, "model_type": "qwen2"}))
+    # Qwen2's attention has biases a Llama checkpoint lacks: saved, so the weights match the config (the
+    # export refuses weights it would have to make up).
+    from transformers import AutoModel
+
+    AutoModel.from_pretrained(folder).save_pretrained(folder)
     # Qwen2Tokenizer's default eos (<|endoftext|>) would be a token past the embeddings: name one it has.
     settings = json.loads((folder / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**settings, "eos_token": "<pad>"}))
@@ -704,3 +709,29 @@ def test_a_family_that_overflows_fp16_gets_fp32_from_auto_and_refuses_fp16(tmp_p
     assert without_fp16_overflow(bert, chosen, "auto").precision == "fp16"
     with pytest.raises(ResolutionError, match="overflows in fp16"):
         without_fp16_overflow(t5, chosen, "fp16")
+
+
+@pytest.mark.parametrize(("family", "options", "head"), [
+    # SPLADE of an embedding checkpoint (no masked-LM head: SparseEncoder would refuse it too)
+    ("bert", {"pooling_type": "SPLADE_MAX"}, "BertForMaskedLM"),
+    # a process reward's LM-head rows from a base model saved without its (untied) LM head
+    ("llama", {"task": "token_embed", "pooling_type": "STEP", "step_tag_id": 5, "returned_token_ids": (3, 4)},
+     "LlamaForCausalLM"),
+], ids=["splade_without_mlm_head", "step_rows_without_lm_head"])
+def test_a_head_the_checkpoint_lacks_is_refused_not_initialised_at_random(tmp_path: Path, family: str,
+                                                                          options: dict, head: str) -> None:
+    """transformers fills weights a checkpoint lacks with random numbers and only logs it: the export would
+    serve noise, and its verification (against a reference just as random) fail with no reason given."""
+    model = build(tmp_path / "models", family, "embed")
+    with pytest.raises(ResolutionError, match=rf"no weights for \d+ of {head}'s parameters .*initialise them at "
+                                              "random"):
+        export_model(model, ExportOptions(name="m", out=tmp_path / "out", runtime="torchscript", **options))
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    export_model(model, ExportOptions(name="m", out=tmp_path / "out", runtime="torchscript"))  # what it carries
+
+
+def test_a_bare_encoder_may_lack_the_pooler_nothing_reads(tmp_path: Path) -> None:
+    """XLM-R's classifier is saved without the encoder's pooler (its head has its own dense layer); its encoder
+    as an embedding (--convert embed) loads as XLMRobertaModel, whose pooler the pooling here never reads."""
+    model = build(tmp_path / "models", "xlmr", "classify")
+    export_model(model, ExportOptions(name="m", out=tmp_path / "out", runtime="torchscript", convert="embed"))

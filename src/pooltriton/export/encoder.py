@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -134,10 +135,10 @@ def _load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: boo
     head: nn.Module | None = None
     returns_logits = False
     if config.pooling_type.sparse:  # SPLADE: the masked-LM head's logits, pooled in the graph
-        network = AutoModelForMaskedLM.from_pretrained(model_dir, **load)
+        network = _complete(AutoModelForMaskedLM, model_dir, load)
     elif config.task.is_embedding and config.pooling_type is not PoolingType.STEP:
         # T5's AutoModel is the whole encoder-decoder; its embeddings come from the encoder (T5EncoderModel).
-        network = (AutoModelForTextEncoding if config.text_encoder else AutoModel).from_pretrained(model_dir, **load)
+        network = _complete(AutoModelForTextEncoding if config.text_encoder else AutoModel, model_dir, load)
         network = getattr(network, "base_model", network)
         if config.dense_layers:
             head = nn.Sequential(*(_st_dense(Path(model_dir) / path, allow_pickle) for path in config.dense_layers))
@@ -146,12 +147,12 @@ def _load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: boo
         # row alone (no_post_processing: bge-reranker-v2-gemma's "Yes"), as a one-label classifier.
         from transformers import AutoModelForCausalLM
 
-        full = AutoModelForCausalLM.from_pretrained(model_dir, **load)
+        full = _complete(AutoModelForCausalLM, model_dir, load)
         ids = config.classifier_token_ids
         head = LMHeadRows(full, ids, difference=len(ids) == 2)
         network = full.base_model
     elif config.task is Task.CLASSIFY:
-        full = AutoModelForSequenceClassification.from_pretrained(model_dir, **load)
+        full = _complete(AutoModelForSequenceClassification, model_dir, load)
         if config.self_pooling_head:
             if config.sources.get("pooling_type") == "explicit" and config.pooling_type is not PoolingType.CLS:
                 raise ResolutionError(f"{config.architecture} pools inside its classification head (CLS); "
@@ -164,19 +165,39 @@ def _load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: boo
         # Process reward models read the LM head's logits of a few vocabulary ids at step tags.
         from transformers import AutoModelForCausalLM
 
-        full = AutoModelForCausalLM.from_pretrained(model_dir, **load)
+        full = _complete(AutoModelForCausalLM, model_dir, load)
         head = LMHeadRows(full, config.returned_token_ids)
         network = full.base_model
     elif config.task is Task.TOKEN_CLASSIFY:
-        network = AutoModelForTokenClassification.from_pretrained(model_dir, **load)
+        network = _complete(AutoModelForTokenClassification, model_dir, load)
         returns_logits = True
     else:  # token_embed with STEP pooling and only a step tag: hidden states at the tags
-        network = AutoModel.from_pretrained(model_dir, **load)
+        network = _complete(AutoModel, model_dir, load)
         network = getattr(network, "base_model", network)
     network.eval()
     encoder = PoolingEncoder(network, config, encoder_input_names(network, hf_config), config.causal, head,
                              returns_logits, hf_config)
     return encoder.eval()
+
+
+def _complete(auto: Any, model_dir: str | Path, load: dict[str, Any]) -> nn.Module:
+    """`auto`'s model of the folder, refused where the checkpoint lacks weights it computes with: transformers
+    initialises those at random (a classifier asked of an embedding checkpoint, SPLADE of one without its
+    masked-LM head), and the answers would be noise that no verification names. A bare encoder's pooler
+    (BERT's pooler_output) is the one part that may be missing: the pooling here never reads it."""
+    network, info = auto.from_pretrained(model_dir, output_loading_info=True, **load)
+    bare = auto in (AutoModel, AutoModelForTextEncoding)
+    missing = sorted(key for key in info.get("missing_keys", ())
+                     if not (bare and "pooler" in key.split(".")))
+    if missing:
+        shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+        raise ResolutionError(
+            f"{model_dir}: the checkpoint has no weights for {len(missing)} of {type(network).__name__}'s "
+            f"parameters ({shown}); transformers would initialise them at random and every answer would be "
+            "noise. " + ("The weights do not match the architecture config.json names" if bare else
+                         "The folder does not carry the head this task needs: export it for the task it was "
+                         "trained for (--task, --pooling-type)"))
+    return network
 
 
 class LMHeadRows(nn.Module):

@@ -62,7 +62,8 @@ def load_reference(model_dir: str | Path, config: PoolerConfig, allow_pickle: bo
             and (model_dir / "modules.json").is_file()):
         library = "SparseEncoder" if config.pooling_type.sparse else "SentenceTransformer"
         return Reference(lambda: _sentence_transformers(model_dir, trust_remote_code, library),
-                         f"sentence-transformers ({library}: its own pipeline, up to Normalize)")
+                         f"sentence-transformers ({library}: its own pipeline"
+                         f"{'' if config.pooling_type.sparse else ', up to Normalize'})")
     load = {"use_safetensors": None if allow_pickle else True, "trust_remote_code": trust_remote_code}
     semantics = (f"the LM head's {'yes - no' if len(config.classifier_token_ids) == 2 else 'yes'} logit at the "
                  "last token" if config.classifier_token_ids is not None
