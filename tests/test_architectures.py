@@ -188,6 +188,22 @@ def test_a_splade_model_is_served_as_sentence_transformers_sparse_encoder_encode
         assert np.abs(g - e).max() <= MAX_ABS * (1 + np.abs(e).max()), (index, float(np.abs(g - e).max()))
     # Not trivially so: each text weighs much of the (tiny, random) vocabulary and leaves some at zero.
     assert ((expected > 0).sum(axis=1) > 5).all() and (expected == 0).any(axis=1).all()
+    # text-embeddings-inference's /embed_sparse through the gateway: the same weights, the non-zero ones by index.
+    import httpx
+
+    from conftest import running_gateway
+
+    with running_gateway(served.served_by.grpc_url, admin_key=served.served_by.admin_key) as base:
+        sparse = httpx.post(f"{base}/embed_sparse", json={"model": "splade", "inputs": TEXTS[:4]}, timeout=60)
+        dense = httpx.post(f"{base}/embed_sparse", json={"model": "roberta_embed", "inputs": TEXTS[:1]}, timeout=60)
+    assert sparse.status_code == 200, sparse.text
+    for entries, e in zip(sparse.json(), expected[:4]):
+        indices = [entry["index"] for entry in entries]
+        assert indices == sorted(indices) and all(entry["value"] != 0 for entry in entries)
+        whole = np.zeros_like(e)
+        whole[indices] = [entry["value"] for entry in entries]
+        assert np.abs(whole - e).max() <= MAX_ABS * (1 + np.abs(e).max())
+    assert dense.status_code == 424 and "SPLADE pooling" in dense.json()["error"]
 
 
 def test_prompts_are_applied_as_sentence_transformers_applies_them(served, modern_root: Path) -> None:
@@ -278,6 +294,21 @@ def test_a_classifier_classifies_pairs_as_transformers_does(served, modern_root:
     assert got.shape == expected.shape and np.abs(got - expected).max() <= MAX_ABS, float(np.abs(got - expected).max())
     alone = served.classify(premises, model=name_of(family, "classify")).probabilities
     assert np.abs(alone - expected).max() > 1e-3  # the second texts really change the answers
+    # text-embeddings-inference's /predict through the gateway: pairs and a single text in one batch.
+    import httpx
+
+    from conftest import running_gateway
+
+    with running_gateway(served.served_by.grpc_url, admin_key=served.served_by.admin_key) as base:
+        predicted = httpx.post(f"{base}/predict", json={"model": name_of(family, "classify"), "inputs": [
+            *([p, h] for p, h in zip(premises, hypotheses)), [premises[0]]]}, timeout=60)
+    assert predicted.status_code == 200, predicted.text
+    labels = [model.config.id2label[i] for i in range(len(model.config.id2label))]
+    scores = np.array([[{a["label"]: a["score"] for a in answer}[label] for label in labels]
+                       for answer in predicted.json()])
+    assert all([a["score"] for a in answer] == sorted((a["score"] for a in answer), reverse=True)
+               for answer in predicted.json())
+    assert np.abs(scores - np.vstack([expected, alone[:1]])).max() <= MAX_ABS
 
 
 def test_the_texts_are_longer_than_every_window(modern_root: Path) -> None:

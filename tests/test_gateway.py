@@ -67,6 +67,23 @@ def test_cohere_embed_types(http, http_client) -> None:
     assert body["meta"]["billed_units"]["input_tokens"] == 4
 
 
+def test_text_embeddings_inference_embed(http, http_client) -> None:
+    """TEI's /embed: [[float]] as the served model gives it; normalize false is the pooled vector before
+    MiniLM's Normalize (not unit, same direction); too long a text is cut at the end as TEI cuts it."""
+    texts = ["A man is eating food.", "A man is eating a piece of bread."]
+    expected = http_client.embed(texts)
+    unit = http.post("/embed", json={"model": "minilm", "inputs": texts})
+    assert unit.status_code == 200, unit.text
+    assert np.abs(np.array(unit.json(), dtype=np.float32) - expected).max() <= 1e-6
+    raw = np.array(http.post("/embed", json={"model": "minilm", "inputs": texts[0], "normalize": False}).json()[0])
+    assert abs(np.linalg.norm(raw) - 1) > 0.1 and np.abs(raw / np.linalg.norm(raw) - expected[0]).max() <= 1e-6
+    long = "pooling " * 1000
+    cut = http.post("/embed", json={"model": "minilm", "inputs": long})
+    refused = http.post("/embed", json={"model": "minilm", "inputs": long, "truncate": False})
+    assert np.abs(np.array(cut.json()[0]) - http_client.embed([long], truncate="END")[0]).max() <= 1e-6
+    assert refused.status_code == 422 and refused.json()["error_type"] == "Validation", refused.text
+
+
 def test_score_and_rerank_routes(http, http_client) -> None:
     query, documents = "A man is eating food.", ["A monkey plays drums.", "A man is eating a piece of bread."]
     expected = http_client.score(query, documents)
@@ -176,7 +193,8 @@ def test_bad_json_missing_key_and_too_large(gateway, http) -> None:
 
 def test_openapi_document(http) -> None:
     spec = http.get("/openapi.json").json()
-    for path in ("/v1/embeddings", "/v2/embed", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank",
+    for path in ("/v1/embeddings", "/v2/embed", "/embed", "/embed_sparse", "/classify", "/score", "/v1/score",
+                 "/rerank", "/v1/rerank",
                  "/v2/rerank", "/pooling", "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics"):
         assert path in spec["paths"], path
 

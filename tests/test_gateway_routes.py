@@ -21,6 +21,7 @@ from pooltriton.contract import (
     QUERY,
     SCORES,
     TEXT,
+    TEXT_PAIR,
     stages,
 )
 from pooltriton.contract.requests import TritonRequest, text_array
@@ -79,9 +80,11 @@ class FakeClient:
             raise InferenceServerException("text 0 is bad", status="StatusCode.INVALID_ARGUMENT")
         if any(t == "busy" for t in texts):
             raise InferenceServerException("queue full", status="StatusCode.UNAVAILABLE")
-        if request.model in ("emb", "cls", "raw"):
+        if request.model in ("emb", "cls", "raw", "spl"):
             width = 2 if request.model == "cls" else WIDTH
             values = np.array([[len(t) + i for i in range(width)] for t in texts], dtype=np.float32)
+            if request.model == "spl":  # SPLADE: most of the vocabulary at zero
+                values[:, ::2] = 0
             return {request.outputs[0]: values, PROMPT_TOKENS: np.array([[_words(t)] for t in texts])}
         if request.model == "emb_score":
             query, documents = request.inputs[QUERY], request.inputs[DOCUMENTS]
@@ -178,6 +181,66 @@ def test_cohere_int8_is_refused_for_a_model_whose_embeddings_are_not_unit_vector
         # a normalised model's int8 still serves
         normalised = http.post("/v2/embed", json={"model": "emb", "texts": ["a"], "embedding_types": ["int8"]})
         assert normalised.status_code == 200
+
+
+def test_text_embeddings_inference_routes_answer_in_its_shapes_and_codes() -> None:
+    """TEI's /embed ([[float]], normalised unless asked not to, truncating at the end by default),
+    /embed_sparse ([[{index, value}]] of the non-zero weights) and /predict, its error shape and codes: a model of the
+    wrong kind 424, an empty input 400, what it cannot serve 422, overload 429 with Retry-After."""
+    fake = FakeClient()
+    fake.server.configs["spl"] = _config("spl", "embed", ["EMBEDDING", PROMPT_TOKENS], use_activation=False,
+                                         sparse=True)
+    with TestClient(create_app("unused:0", client=fake)) as http:
+        dense = http.post("/embed", json={"inputs": ["abc", "de"]})  # no model: the first dense one
+        assert dense.status_code == 200 and dense.json() == [[3, 4, 5, 6], [2, 3, 4, 5]]
+        assert fake.requests[-1].model == "emb"
+        assert fake.requests[-1].parameters == {"use_activation": True, "truncate": "END"}
+        http.post("/embed", json={"model": "emb", "inputs": "abc", "normalize": False, "truncate": True,
+                                  "truncation_direction": "left", "prompt_name": "query"})
+        assert fake.requests[-1].parameters == {"use_activation": False, "truncate": "START", "prompt_name": "query"}
+        http.post("/embed", json={"inputs": "abc", "truncate": False})
+        assert fake.requests[-1].parameters == {"use_activation": True}
+
+        sparse = http.post("/embed_sparse", json={"inputs": "abc"})  # no model: the first SPLADE one
+        assert sparse.status_code == 200, sparse.text
+        assert sparse.json() == [[{"index": 1, "value": 4.0}, {"index": 3, "value": 6.0}]]
+        assert fake.requests[-1].model == "spl" and fake.requests[-1].parameters["use_activation"] is False
+        whole = http.post("/embed", json={"model": "spl", "inputs": "abc", "normalize": False})
+        assert whole.json() == [[0, 4, 0, 6]]
+
+        sent = len(fake.requests)
+        errors = [(http.post("/embed", json={"model": "spl", "inputs": "abc"}), 424, "Backend",
+                   "`normalize` is not available for SPLADE models"),
+                  (http.post("/embed_sparse", json={"model": "emb", "inputs": "abc"}), 424, "Backend",
+                   "is not an embedding model with SPLADE pooling"),
+                  (http.post("/embed", json={"model": "cls", "inputs": "abc"}), 424, "Backend",
+                   "is not an embedding model (it serves classify)"),
+                  (http.post("/embed", json={"inputs": []}), 400, "Empty", "`inputs` cannot be empty"),
+                  (http.post("/embed", json={"model": "emb", "inputs": "ab", "dimensions": 3}), 422, "Validation",
+                   "does not support 3 dimensions"),
+                  (http.post("/embed", json={"model": "nope", "inputs": "ab"}), 404, "Validation", "does not exist"),
+                  (http.post("/embed", json={"inputs": "ab", "truncation_direction": "up"}), 422, "Validation",
+                   "truncation_direction")]
+        for response, status, kind, message in errors:
+            assert response.status_code == status, response.text
+            assert response.json()["error_type"] == kind and message in response.json()["error"], response.text
+        assert len(fake.requests) == sent  # each refused before the model ran
+        busy = http.post("/embed", json={"inputs": "busy"})
+        assert busy.status_code == 429 and busy.json()["error_type"] == "Overloaded"
+        assert busy.headers["retry-after"] == "1"
+
+        # /predict: one text, a pair ([a, b] is one pair in TEI), a batch mixing both; labels highest first
+        one = http.post("/predict", json={"inputs": "abc"})  # no model: the first classifier
+        assert one.json() == [{"score": 4, "label": "yes"}, {"score": 3, "label": "no"}]
+        assert fake.requests[-1].model == "cls" and fake.requests[-1].parameters["use_activation"] is True
+        pair = http.post("/predict", json={"model": "cls", "inputs": ["abc", "de"], "raw_scores": True})
+        assert pair.json()[0]["label"] == "yes" and fake.requests[-1].inputs[TEXT_PAIR] == ["de"]
+        assert fake.requests[-1].parameters["use_activation"] is False
+        batch = http.post("/predict", json={"model": "cls", "inputs": [["abcd"], ["a", "b"], ["xy"]]}).json()
+        assert [answer[0]["score"] for answer in batch] == [5, 2, 3]
+        assert sorted(map(len, (r.inputs[TEXT] for r in fake.requests[-2:]))) == [1, 2]  # the pairs, the rest
+        wrong = http.post("/predict", json={"model": "emb", "inputs": "abc"})
+        assert wrong.status_code == 424 and "is not a classifier model" in wrong.json()["error"]
 
 
 def test_rerank_and_score_carry_documents_and_usage(http, fake) -> None:

@@ -125,6 +125,7 @@ class EnsembleParameters(StageParameters):
     # Matryoshka size is re-normalised only then (vLLM). None: exported before this was written.
     use_activation: bool | None = None
     prompts: tuple[str, ...] | None = None  # the names of the model's prompts (Cohere's input_type picks one)
+    sparse: bool | None = None  # a vocabulary-wide SPLADE vector (text-embeddings-inference's /embed_sparse)
 
 
 STAGE_PARAMETERS = (TokenizerParameters, EncoderParameters, PoolerParameters, ScorerParameters, PluginParameters,

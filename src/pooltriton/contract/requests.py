@@ -108,6 +108,7 @@ class ModelInfo:
     use_activation: bool | None = None  # what a request that does not say gets (None: not in the config)
     prompts: tuple[str, ...] = ()  # the names of the model's prompts
     width: int | None = None  # the first output's last dimension (an embedding's size), where fixed
+    sparse: bool = False  # SPLADE's vocabulary-wide weights (False where an older export does not say)
 
     @property
     def per_token(self) -> bool:
@@ -125,7 +126,8 @@ def model_info(name: str, config: dict) -> ModelInfo:
     ensemble = EnsembleParameters.from_parameters(parameters)
     return ModelInfo(name=name, task=ensemble.task, outputs=outputs, labels=ensemble.labels or (),
                      max_length=ensemble.max_length, dimensions=ensemble.matryoshka_dimensions or (),
-                     use_activation=ensemble.use_activation, prompts=ensemble.prompts or (), width=width)
+                     use_activation=ensemble.use_activation, prompts=ensemble.prompts or (), width=width,
+                     sparse=bool(ensemble.sparse))
 
 
 def text_array(texts: Sequence[str | bytes], batched: bool) -> np.ndarray:

@@ -15,6 +15,7 @@ shape: {"error": {"message", "type", "param", "code"}}.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import time
@@ -49,6 +50,9 @@ from pooltriton.gateway.protocol import (
     PoolingRequest,
     RerankRequest,
     ScoreRequest,
+    TEIEmbedRequest,
+    TEIEmbedSparseRequest,
+    TEIPredictRequest,
     TokenizeRequest,
     error_body,
 )
@@ -63,6 +67,10 @@ from pooltriton.gateway.serving import (
     cohere_encode,
     cohere_prompt,
     encode_inputs,
+    sparse_values,
+    tei_error,
+    tei_model,
+    tei_predictions,
     usage,
 )
 
@@ -154,6 +162,69 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request):
     return JSON({"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": body.texts,
                  "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": pooled.tokens}},
                  "response_type": "embeddings_by_type"})
+
+
+async def _tei_encode(request: Request, body: TEIEmbedSparseRequest, sparse: bool, **options: Any) -> np.ndarray:
+    """text-embeddings-inference's routes over the same encode; empty inputs are its 400 "Empty"."""
+    serving, service = _serving(request)
+    if body.inputs in ("", []):
+        raise APIError(400, "`inputs` cannot be empty", "inputs", kind="Empty")
+    model = await tei_model(serving, body.model, "embed", sparse)
+    parameters = body.parameters()
+    if model.sparse and parameters["use_activation"]:
+        raise APIError(424, "`normalize` is not available for SPLADE models: send \"normalize\": false for the "
+                       "whole vector, or use /embed_sparse")
+    texts, input_format = encode_inputs(body.inputs)
+    pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **parameters, **options,
+                                          **input_format), fields={"input": "inputs"})
+    return np.ascontiguousarray(pooled.values, dtype=np.float32)
+
+
+TEI_ROUTES = ("/embed", "/embed_sparse", "/predict")
+
+
+@router.post("/embed")
+async def tei_embed(body: TEIEmbedRequest, request: Request):
+    """text-embeddings-inference's /embed: [[float]], normalised unless `normalize` is false."""
+    try:
+        return JSON(await _tei_encode(request, body, False, dimensions=body.dimensions))
+    except APIError as error:
+        return tei_error(error)
+
+
+@router.post("/embed_sparse")
+async def tei_embed_sparse(body: TEIEmbedSparseRequest, request: Request):
+    """text-embeddings-inference's /embed_sparse: a SPLADE model's non-zero weights, [[{index, value}]]."""
+    try:
+        return JSON(sparse_values(await _tei_encode(request, body, True)))
+    except APIError as error:
+        return tei_error(error)
+
+
+@router.post("/predict")
+async def tei_predict(body: TEIPredictRequest, request: Request):
+    """text-embeddings-inference's /predict: every label's score per input, highest first; single texts and
+    pairs (a cross-encoder's) may share a batch."""
+    try:
+        serving, service = _serving(request)
+        sequences, batched = body.sequences()
+        if not sequences:
+            raise APIError(400, "`inputs` cannot be empty", "inputs", kind="Empty")
+        model = await tei_model(serving, body.model, "classify")
+        alone = [i for i, (_, second) in enumerate(sequences) if second is None]
+        paired = [i for i, (_, second) in enumerate(sequences) if second is not None]
+        calls = [service.encode([sequences[i][0] for i in group], model=model.name, priority=body.priority,
+                                pairs=[sequences[i][1] for i in group] if group is paired else None,
+                                **body.parameters())
+                 for group in (alone, paired) if group]
+        answers = await serving(asyncio.gather(*calls), fields={"input": "inputs"})
+        scores = np.empty((len(sequences), answers[0].values.shape[1]), dtype=np.float32)
+        for group, answer in zip([g for g in (alone, paired) if g], answers):
+            scores[group] = answer.values
+        predictions = tei_predictions(scores, model.labels)
+        return JSON(predictions if batched else predictions[0])
+    except APIError as error:
+        return tei_error(error)
 
 
 @router.post("/classify")
@@ -297,14 +368,16 @@ def _middlewares(app: FastAPI, api_key: str | None, observed: GatewayMetrics) ->
                             headers=headers)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_request: Request, error: RequestValidationError):
+    async def validation_error(request: Request, error: RequestValidationError):
         # 400 as vLLM and OpenAI answer it (FastAPI's own is 422): SDKs raise BadRequestError for it.
         first = error.errors()[0] if error.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", []) if p != "body")
         # A whole-body rule (a validator) names no field; pydantic prefixes its message.
         message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
-        return JSONResponse(error_body(400, f"{where}: {message}" if where else message,
-                                       "invalid_request_error", where or None), status_code=400)
+        invalid = APIError(400, f"{where}: {message}" if where else message, where or None)
+        if request.url.path in TEI_ROUTES:  # text-embeddings-inference's shape on its routes
+            return tei_error(invalid)
+        return JSONResponse(error_body(400, invalid.message, invalid.kind, invalid.param), status_code=400)
 
     app.openapi = lambda: _openapi(app)
 

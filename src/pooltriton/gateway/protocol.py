@@ -162,6 +162,69 @@ class PoolingRequest(EmbedAliases, ClassifyAliases):
     task: Literal["embed", "classify", "token_embed", "token_classify"] | None = None
 
 
+class TEIOptions(BaseModel):
+    """What text-embeddings-inference's bodies share (`model` added: this gateway serves several)."""
+
+    model: str | None = None
+    # TEI truncates where a request does not say (its --auto-truncate default), at the end (Right) or start.
+    truncate: bool = True
+    truncation_direction: Literal["Right", "right", "Left", "left"] = "Right"
+    priority: int = Field(0, ge=-1000, le=1000)
+
+    def parameters(self) -> dict[str, Any]:
+        if not self.truncate:
+            return {}
+        return {"truncate": "END" if self.truncation_direction.lower() == "right" else "START"}
+
+
+class TEIEmbedSparseRequest(TEIOptions):
+    """text-embeddings-inference's /embed_sparse body."""
+
+    inputs: str | list[str] | list[int] | list[list[int]]
+    prompt_name: str | None = Field(None, max_length=200)
+
+    def parameters(self) -> dict[str, Any]:
+        parameters: dict[str, Any] = {"use_activation": False, **super().parameters()}  # SPLADE's weights, raw
+        if self.prompt_name is not None:
+            parameters["prompt_name"] = self.prompt_name
+        return parameters
+
+
+class TEIEmbedRequest(TEIEmbedSparseRequest):
+    """text-embeddings-inference's /embed body: `normalize` (default true) L2-normalises after the cut to
+    `dimensions`, whatever the model's own Normalize says; false gives the pooled vector raw."""
+
+    normalize: bool = True
+    dimensions: int | None = Field(None, gt=0)
+
+    def parameters(self) -> dict[str, Any]:
+        return {**super().parameters(), "use_activation": self.normalize}
+
+
+class TEIPredictRequest(TEIOptions):
+    """text-embeddings-inference's /predict body: one text, one pair `[a, b]`, or a batch of either
+    (`[[a], [a, b], ...]`, or a list of other than two texts); `raw_scores` skips the activation."""
+
+    inputs: str | list[str] | list[list[str]]
+    raw_scores: bool = False
+
+    def parameters(self) -> dict[str, Any]:
+        return {**super().parameters(), "use_activation": not self.raw_scores}
+
+    def sequences(self) -> tuple[list[tuple[str, str | None]], bool]:
+        """(text, its pair's second text or None) per input, and whether the body was a batch."""
+        value = self.inputs
+        if isinstance(value, str):
+            return [(value, None)], False
+        if all(isinstance(text, str) for text in value):
+            if len(value) == 2:  # TEI reads two texts as one pair
+                return [(value[0], value[1])], False
+            return [(text, None) for text in value], True
+        if any(len(sequence) not in (1, 2) for sequence in value):
+            raise APIError(400, "inputs: each input is one text or a pair of two", "inputs")
+        return [(sequence[0], sequence[1] if len(sequence) == 2 else None) for sequence in value], True
+
+
 class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str

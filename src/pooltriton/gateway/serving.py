@@ -177,6 +177,50 @@ def cohere_encode(vectors: np.ndarray, kind: str) -> list:
     return (packed - 128 if kind == "binary" else packed).tolist()
 
 
+def sparse_values(vectors: np.ndarray) -> list[list[dict[str, Any]]]:
+    """text-embeddings-inference's sparse form: each vector's non-zero entries as {index, value}, by index."""
+    return [[{"index": int(i), "value": float(row[i])} for i in np.flatnonzero(row)] for row in vectors]
+
+
+# text-embeddings-inference's error types by status (its ErrorType); the rest of its 4xx are Validation.
+TEI_ERROR_TYPES = {400: "Empty", 424: "Backend", 429: "Overloaded", 503: "Unhealthy"}
+
+
+def tei_error(error: APIError) -> Response:
+    """An APIError in text-embeddings-inference's shape ({"error", "error_type"}) and codes: a request it
+    cannot serve is 422 Validation (this gateway's 400), a model of the wrong kind 424 Backend."""
+    status = 422 if error.status == 400 and error.kind != "Empty" else error.status
+    kind = TEI_ERROR_TYPES.get(status, "Validation" if status < 500 else "Backend")
+    headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else None
+    return JSON({"error": error.message, "error_type": kind}, status_code=status, headers=headers)
+
+
+TEI_KINDS = {"embed": "an embedding model", "classify": "a classifier model"}
+
+
+async def tei_model(serving: Serving, name: str | None, task: str, sparse: bool = False) -> ServedModel:
+    """The model a text-embeddings-inference route serves: the one named (a model of another kind is TEI's
+    424), else the first of the route's kind (TEI serves one model)."""
+    model = await serving.model(name)  # reads the model list on first use
+    if name is None:
+        kind = [m for m in serving.service.models.values() if m.task == task and m.sparse == sparse]
+        if not kind:
+            raise APIError(404, f"no served {'SPLADE ' if sparse else ''}{TEI_KINDS[task][2:]}", "model")
+        return kind[0]
+    if model.task != task:
+        raise APIError(424, f"Model {name!r} is not {TEI_KINDS[task]} (it serves {model.task})")
+    if sparse and not model.sparse:
+        raise APIError(424, f"Model {name!r} is not an embedding model with SPLADE pooling")
+    return model
+
+
+def tei_predictions(probabilities: np.ndarray, labels: Sequence[str]) -> list[list[dict[str, Any]]]:
+    """text-embeddings-inference's /predict answer per input: every label's score, highest first."""
+    names = list(labels) or [f"LABEL_{i}" for i in range(probabilities.shape[1])]
+    return [[{"score": float(row[i]), "label": names[i]} for i in np.argsort(-row, kind="stable")]
+            for row in probabilities]
+
+
 try:  # JSON of numpy arrays straight from their buffers (requirements-serve.txt installs it)
     import orjson
 
