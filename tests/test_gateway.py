@@ -193,7 +193,8 @@ def test_bad_json_missing_key_and_too_large(gateway, http) -> None:
 
 def test_openapi_document(http) -> None:
     spec = http.get("/openapi.json").json()
-    for path in ("/v1/embeddings", "/v2/embed", "/embed", "/embed_sparse", "/classify", "/score", "/v1/score",
+    for path in ("/v1/embeddings", "/v2/embed", "/embed", "/embed_sparse", "/predict", "/classify", "/score",
+                 "/v1/score",
                  "/rerank", "/v1/rerank",
                  "/v2/rerank", "/pooling", "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics"):
         assert path in spec["paths"], path

@@ -200,6 +200,8 @@ def test_text_embeddings_inference_routes_answer_in_its_shapes_and_codes() -> No
         assert fake.requests[-1].parameters == {"use_activation": False, "truncate": "START", "prompt_name": "query"}
         http.post("/embed", json={"inputs": "abc", "truncate": False})
         assert fake.requests[-1].parameters == {"use_activation": True}
+        http.post("/embed", json={"inputs": "abc", "truncate": None})  # TEI's Option: the default
+        assert fake.requests[-1].parameters == {"use_activation": True, "truncate": "END"}
 
         sparse = http.post("/embed_sparse", json={"inputs": "abc"})  # no model: the first SPLADE one
         assert sparse.status_code == 200, sparse.text
@@ -220,7 +222,12 @@ def test_text_embeddings_inference_routes_answer_in_its_shapes_and_codes() -> No
                    "does not support 3 dimensions"),
                   (http.post("/embed", json={"model": "nope", "inputs": "ab"}), 404, "Validation", "does not exist"),
                   (http.post("/embed", json={"inputs": "ab", "truncation_direction": "up"}), 422, "Validation",
-                   "truncation_direction")]
+                   "truncation_direction"),
+                  (http.post("/embed", json={"inputs": ["ab", ""]}), 400, "Empty", "`inputs` cannot be empty"),
+                  (http.post("/embed", json={"inputs": [[7, 8], []]}), 400, "Empty", "`inputs` cannot be empty"),
+                  (http.post("/predict", json={"inputs": ["a", "b", "c"]}), 422, "Validation",
+                   "a list of texts is one input"),
+                  (http.post("/predict", json={"inputs": [["a"], ["", "b"], ["", ""]]}), 400, "Empty", "cannot be")]
         for response, status, kind, message in errors:
             assert response.status_code == status, response.text
             assert response.json()["error_type"] == kind and message in response.json()["error"], response.text
@@ -232,6 +239,7 @@ def test_text_embeddings_inference_routes_answer_in_its_shapes_and_codes() -> No
         # /predict: one text, a pair ([a, b] is one pair in TEI), a batch mixing both; labels highest first
         one = http.post("/predict", json={"inputs": "abc"})  # no model: the first classifier
         assert one.json() == [{"score": 4, "label": "yes"}, {"score": 3, "label": "no"}]
+        assert http.post("/predict", json={"inputs": ["abc"]}).json() == one.json()  # one text, not a batch
         assert fake.requests[-1].model == "cls" and fake.requests[-1].parameters["use_activation"] is True
         pair = http.post("/predict", json={"model": "cls", "inputs": ["abc", "de"], "raw_scores": True})
         assert pair.json()[0]["label"] == "yes" and fake.requests[-1].inputs[TEXT_PAIR] == ["de"]

@@ -185,7 +185,9 @@ def _complete(auto: Any, model_dir: str | Path, load: dict[str, Any]) -> nn.Modu
     initialises those at random (a classifier asked of an embedding checkpoint, SPLADE of one without its
     masked-LM head), and the answers would be noise that no verification names. A bare encoder's pooler
     (BERT's pooler_output) is the one part that may be missing: the pooling here never reads it."""
-    network, info = auto.from_pretrained(model_dir, output_loading_info=True, **load)
+    loaded = auto.from_pretrained(model_dir, output_loading_info=True, **load)
+    # Custom model code (trust_remote_code) may override from_pretrained and return the model alone.
+    network, info = loaded if isinstance(loaded, tuple) else (loaded, {})
     bare = auto in (AutoModel, AutoModelForTextEncoding)
     missing = sorted(key for key in info.get("missing_keys", ())
                      if not (bare and "pooler" in key.split(".")))

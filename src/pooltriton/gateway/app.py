@@ -7,9 +7,10 @@ the one the clients use), split as vLLM splits its entrypoints: request bodies i
 and encodings in `serving`, the routes here. It knows only what Triton tells it (model configs; token
 counts come back with every answer), so it needs no access to the model repository's files. Every
 served pooling model (an ensemble whose config names its task) is served:
-/v1/embeddings (OpenAI), /v2/embed (Cohere), /classify, /score and /v1/score, /rerank, /v1/rerank,
-/v2/rerank, /pooling, /tokenize, /detokenize, /v1/models, /health, /metrics. Errors use OpenAI's
-shape: {"error": {"message", "type", "param", "code"}}.
+/v1/embeddings (OpenAI), /v2/embed (Cohere), /embed, /embed_sparse and /predict (text-embeddings-inference),
+/classify, /score and /v1/score, /rerank, /v1/rerank, /v2/rerank, /pooling, /tokenize, /detokenize,
+/v1/models, /health, /metrics. Errors use OpenAI's shape, {"error": {"message", "type", "param", "code"}},
+except on TEI's routes, which answer in TEI's: {"error", "error_type"}.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ from pooltriton.gateway.metrics import CLIENT_CLOSED, GatewayMetrics
 from pooltriton.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from pooltriton.gateway.protocol import (
     ERROR_SCHEMA,
+    TEI_ERROR_SCHEMA,
     APIError,
     ClassifyRequest,
     CohereEmbedRequest,
@@ -164,67 +167,64 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request):
                  "response_type": "embeddings_by_type"})
 
 
-async def _tei_encode(request: Request, body: TEIEmbedSparseRequest, sparse: bool, **options: Any) -> np.ndarray:
-    """text-embeddings-inference's routes over the same encode; empty inputs are its 400 "Empty"."""
-    serving, service = _serving(request)
-    if body.inputs in ("", []):
+TEI_ROUTES = ("/embed", "/embed_sparse", "/predict")
+
+
+def _tei_empty(texts: Sequence[str], pairs: Sequence[str | None] | None = None) -> None:
+    """TEI's 400 "Empty" for no input, or an input with no text (a pair only where both are empty)."""
+    if not texts or any(not text and not (pairs and pairs[i]) for i, text in enumerate(texts)):
         raise APIError(400, "`inputs` cannot be empty", "inputs", kind="Empty")
-    model = await tei_model(serving, body.model, "embed", sparse)
+
+
+async def _tei_encode(request: Request, body: TEIEmbedSparseRequest, sparse: bool, **options: Any) -> np.ndarray:
+    """text-embeddings-inference's embedding routes over the same encode."""
+    serving, service = _serving(request)
+    texts, input_format = encode_inputs(body.inputs)
+    _tei_empty([text if text != "[]" else "" for text in texts])  # token ids travel as JSON lists
     parameters = body.parameters()
+    model = await tei_model(serving, body.model, "embed", sparse, fallback=not parameters["use_activation"])
     if model.sparse and parameters["use_activation"]:
         raise APIError(424, "`normalize` is not available for SPLADE models: send \"normalize\": false for the "
                        "whole vector, or use /embed_sparse")
-    texts, input_format = encode_inputs(body.inputs)
     pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **parameters, **options,
                                           **input_format), fields={"input": "inputs"})
     return np.ascontiguousarray(pooled.values, dtype=np.float32)
 
 
-TEI_ROUTES = ("/embed", "/embed_sparse", "/predict")
-
-
 @router.post("/embed")
 async def tei_embed(body: TEIEmbedRequest, request: Request):
     """text-embeddings-inference's /embed: [[float]], normalised unless `normalize` is false."""
-    try:
-        return JSON(await _tei_encode(request, body, False, dimensions=body.dimensions))
-    except APIError as error:
-        return tei_error(error)
+    return JSON(await _tei_encode(request, body, False, dimensions=body.dimensions))
 
 
 @router.post("/embed_sparse")
 async def tei_embed_sparse(body: TEIEmbedSparseRequest, request: Request):
     """text-embeddings-inference's /embed_sparse: a SPLADE model's non-zero weights, [[{index, value}]]."""
-    try:
-        return JSON(sparse_values(await _tei_encode(request, body, True)))
-    except APIError as error:
-        return tei_error(error)
+    return JSON(sparse_values(await _tei_encode(request, body, True)))
 
 
 @router.post("/predict")
 async def tei_predict(body: TEIPredictRequest, request: Request):
     """text-embeddings-inference's /predict: every label's score per input, highest first; single texts and
-    pairs (a cross-encoder's) may share a batch."""
-    try:
-        serving, service = _serving(request)
-        sequences, batched = body.sequences()
-        if not sequences:
-            raise APIError(400, "`inputs` cannot be empty", "inputs", kind="Empty")
-        model = await tei_model(serving, body.model, "classify")
-        alone = [i for i, (_, second) in enumerate(sequences) if second is None]
-        paired = [i for i, (_, second) in enumerate(sequences) if second is not None]
-        calls = [service.encode([sequences[i][0] for i in group], model=model.name, priority=body.priority,
-                                pairs=[sequences[i][1] for i in group] if group is paired else None,
-                                **body.parameters())
-                 for group in (alone, paired) if group]
-        answers = await serving(asyncio.gather(*calls), fields={"input": "inputs"})
-        scores = np.empty((len(sequences), answers[0].values.shape[1]), dtype=np.float32)
-        for group, answer in zip([g for g in (alone, paired) if g], answers):
-            scores[group] = answer.values
-        predictions = tei_predictions(scores, model.labels)
-        return JSON(predictions if batched else predictions[0])
-    except APIError as error:
-        return tei_error(error)
+    pairs (a cross-encoder's) may share a batch, sent as one encode each."""
+    serving, service = _serving(request)
+    sequences, batched = body.sequences()
+    _tei_empty([first for first, _ in sequences], [second for _, second in sequences])
+    model = await tei_model(serving, body.model, "classify")
+    groups = [(indices, paired) for paired in (False, True)
+              if (indices := [i for i, (_, second) in enumerate(sequences) if (second is not None) == paired])]
+    calls = [serving(service.encode([sequences[i][0] for i in indices], model=model.name, priority=body.priority,
+                                    pairs=[sequences[i][1] for i in indices] if paired else None,
+                                    **body.parameters()), fields={"input": "inputs"})
+             for indices, paired in groups]
+    answers = await asyncio.gather(*calls, return_exceptions=True)  # neither left running unobserved
+    if failed := next((answer for answer in answers if isinstance(answer, BaseException)), None):
+        raise failed
+    scores = np.empty((len(sequences), answers[0].values.shape[1]), dtype=np.float32)
+    for (indices, _), answer in zip(groups, answers):
+        scores[indices] = answer.values
+    predictions = tei_predictions(scores, model.labels)
+    return JSON(predictions if batched else predictions[0])
 
 
 @router.post("/classify")
@@ -362,7 +362,9 @@ def _middlewares(app: FastAPI, api_key: str | None, observed: GatewayMetrics) ->
                        on_cancel=lambda scope, seconds: observed.observe(scope, CLIENT_CLOSED, seconds))
 
     @app.exception_handler(APIError)
-    async def api_error(_request: Request, error: APIError):
+    async def api_error(request: Request, error: APIError):
+        if request.url.path in TEI_ROUTES:  # text-embeddings-inference's shape on its routes
+            return tei_error(error)
         headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else None
         return JSONResponse(error_body(error.status, error.message, error.kind, error.param), status_code=error.status,
                             headers=headers)
@@ -389,15 +391,20 @@ def _openapi(app: FastAPI) -> dict:
         schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
         invalid = {"description": "Invalid request", "content": {"application/json": {"schema": {
             "$ref": "#/components/schemas/ErrorResponse"}}}}
-        for operations in schema["paths"].values():
+        tei_invalid = {"description": "Invalid request (text-embeddings-inference's shape)", "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/TEIErrorResponse"}}}}
+        for path, operations in schema["paths"].items():
             for operation in operations.values():
                 responses = operation.get("responses", {})
                 if responses.pop("422", None) is not None:
-                    responses["400"] = invalid
+                    if path in TEI_ROUTES:
+                        responses["422"] = tei_invalid
+                    else:
+                        responses["400"] = invalid
         schemas = schema.setdefault("components", {}).setdefault("schemas", {})
         for unused in ("HTTPValidationError", "ValidationError"):
             schemas.pop(unused, None)
-        schemas["ErrorResponse"] = ERROR_SCHEMA
+        schemas["ErrorResponse"], schemas["TEIErrorResponse"] = ERROR_SCHEMA, TEI_ERROR_SCHEMA
         app.openapi_schema = schema
     return app.openapi_schema
 

@@ -28,6 +28,12 @@ ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error":
         "param": {"anyOf": [{"type": "string"}, {"type": "null"}]}, "code": {"type": "integer"}}}}}
 
 
+# text-embeddings-inference's error shape (its routes here), for the OpenAPI document.
+TEI_ERROR_SCHEMA = {"type": "object", "required": ["error", "error_type"], "properties": {
+    "error": {"type": "string"},
+    "error_type": {"enum": ["Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"]}}}
+
+
 class Options(BaseModel):
     """Options every route shares (vLLM's names)."""
 
@@ -167,12 +173,12 @@ class TEIOptions(BaseModel):
 
     model: str | None = None
     # TEI truncates where a request does not say (its --auto-truncate default), at the end (Right) or start.
-    truncate: bool = True
+    truncate: bool | None = None
     truncation_direction: Literal["Right", "right", "Left", "left"] = "Right"
     priority: int = Field(0, ge=-1000, le=1000)
 
     def parameters(self) -> dict[str, Any]:
-        if not self.truncate:
+        if self.truncate is False:
             return {}
         return {"truncate": "END" if self.truncation_direction.lower() == "right" else "START"}
 
@@ -212,14 +218,16 @@ class TEIPredictRequest(TEIOptions):
         return {**super().parameters(), "use_activation": not self.raw_scores}
 
     def sequences(self) -> tuple[list[tuple[str, str | None]], bool]:
-        """(text, its pair's second text or None) per input, and whether the body was a batch."""
+        """(text, its pair's second text or None) per input, and whether the body was a batch. As TEI reads
+        them, a list of texts is one input: one text, or a pair of two."""
         value = self.inputs
         if isinstance(value, str):
             return [(value, None)], False
-        if all(isinstance(text, str) for text in value):
-            if len(value) == 2:  # TEI reads two texts as one pair
-                return [(value[0], value[1])], False
-            return [(text, None) for text in value], True
+        if all(isinstance(text, str) for text in value) and value:
+            if len(value) > 2:
+                raise APIError(400, "inputs: a list of texts is one input, of one text or a pair of two; send "
+                               "a batch as [[a], [a, b], ...]", "inputs")
+            return [(value[0], value[1] if len(value) == 2 else None)], False
         if any(len(sequence) not in (1, 2) for sequence in value):
             raise APIError(400, "inputs: each input is one text or a pair of two", "inputs")
         return [(sequence[0], sequence[1] if len(sequence) == 2 else None) for sequence in value], True

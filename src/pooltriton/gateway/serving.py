@@ -195,20 +195,23 @@ def tei_error(error: APIError) -> Response:
     return JSON({"error": error.message, "error_type": kind}, status_code=status, headers=headers)
 
 
-TEI_KINDS = {"embed": "an embedding model", "classify": "a classifier model"}
+TEI_KINDS = {"embed": "embedding model", "classify": "classifier model"}
 
 
-async def tei_model(serving: Serving, name: str | None, task: str, sparse: bool = False) -> ServedModel:
+async def tei_model(serving: Serving, name: str | None, task: str, sparse: bool = False,
+                    fallback: bool = False) -> ServedModel:
     """The model a text-embeddings-inference route serves: the one named (a model of another kind is TEI's
-    424), else the first of the route's kind (TEI serves one model)."""
+    424), else the first of the route's kind (TEI serves one model), or with `fallback` of the task."""
     model = await serving.model(name)  # reads the model list on first use
     if name is None:
-        kind = [m for m in serving.service.models.values() if m.task == task and m.sparse == sparse]
+        served = [m for m in serving.service.models.values() if m.task == task]
+        kind = [m for m in served if m.sparse == sparse] or (served if fallback else [])
         if not kind:
-            raise APIError(404, f"no served {'SPLADE ' if sparse else ''}{TEI_KINDS[task][2:]}", "model")
+            raise APIError(404, f"no served {'SPLADE ' if sparse else ''}{TEI_KINDS[task]}", "model")
         return kind[0]
     if model.task != task:
-        raise APIError(424, f"Model {name!r} is not {TEI_KINDS[task]} (it serves {model.task})")
+        raise APIError(424, f"Model {name!r} is not {'an' if task == 'embed' else 'a'} {TEI_KINDS[task]} "
+                       f"(it serves {model.task})")
     if sparse and not model.sparse:
         raise APIError(424, f"Model {name!r} is not an embedding model with SPLADE pooling")
     return model
