@@ -200,6 +200,7 @@ def test_text_embeddings_inference_routes_answer_in_its_shapes_and_codes() -> No
         assert fake.requests[-1].parameters == {"use_activation": False, "truncate": "START", "prompt_name": "query"}
         http.post("/embed", json={"inputs": "abc", "truncate": False})
         assert fake.requests[-1].parameters == {"use_activation": True}
+        assert http.post("/embed", json={"inputs": "[]"}).json() == [[2, 3, 4, 5]]  # a text, not an id list
         http.post("/embed", json={"inputs": "abc", "truncate": None})  # TEI's Option: the default
         assert fake.requests[-1].parameters == {"use_activation": True, "truncate": "END"}
 

@@ -180,7 +180,8 @@ async def _tei_encode(request: Request, body: TEIEmbedSparseRequest, sparse: boo
     """text-embeddings-inference's embedding routes over the same encode."""
     serving, service = _serving(request)
     texts, input_format = encode_inputs(body.inputs)
-    _tei_empty([text if text != "[]" else "" for text in texts])  # token ids travel as JSON lists
+    # token ids travel as JSON lists: an empty one is "[]"
+    _tei_empty([text if not input_format or text != "[]" else "" for text in texts])
     parameters = body.parameters()
     model = await tei_model(serving, body.model, "embed", sparse, fallback=not parameters["use_activation"])
     if model.sparse and parameters["use_activation"]:
