@@ -97,6 +97,10 @@ def test_score_and_rerank_routes(http, http_client) -> None:
         # Usage as the model counted it (query and documents, special tokens included), as vLLM reports it.
         lengths = [len(ids) for ids in http_client.tokenize([query, *documents])]
         assert body["usage"] == {"prompt_tokens": sum(lengths), "total_tokens": sum(lengths)}
+    # text-embeddings-inference's rerank body (texts) on the same path, in its shape: best first
+    tei = http.post("/rerank", json={"model": "minilm", "query": query, "texts": documents, "return_text": True})
+    assert [r["index"] for r in tei.json()] == [1, 0] and tei.json()[0]["text"] == documents[1], tei.text
+    assert np.abs(np.array([r["score"] for r in tei.json()]) - expected[[1, 0]]).max() <= 1e-6
 
 
 def test_pooling_token_output_and_tokenize(http, http_client) -> None:

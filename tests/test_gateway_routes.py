@@ -261,6 +261,16 @@ def test_rerank_and_score_carry_documents_and_usage(http, fake) -> None:
     bare = http.post("/v2/rerank", json={"model": "emb", "query": "q", "documents": documents, "top_n": 1,
                                          "return_documents": False}).json()
     assert len(bare["results"]) == 1 and "document" not in bare["results"][0]
+    # text-embeddings-inference's body on the same path (texts), answered in its shape
+    tei = http.post("/rerank", json={"model": "emb", "query": "q", "texts": documents, "return_text": True,
+                                     "truncate": False}).json()
+    assert [(r["index"], r["text"]) for r in tei] == [(1, "short"), (2, "mid doc"), (0, "a long document")]
+    assert np.allclose([r["score"] for r in tei], [1 / 6, 1 / 8, 1 / 16]) and set(tei[0]) == {"index", "score", "text"}
+    assert fake.requests[-1].parameters == {"use_activation": True}
+    raw = http.post("/rerank", json={"model": "emb", "query": "q", "texts": documents, "raw_scores": True}).json()
+    assert "text" not in raw[0] and fake.requests[-1].parameters == {"use_activation": False, "truncate": "END"}
+    both = http.post("/rerank", json={"model": "emb", "query": "q", "texts": documents, "documents": documents})
+    assert both.status_code == 400 and "not both" in both.json()["error"]["message"]
     scored = http.post("/score", json={"model": "emb", "text_1": "q", "text_2": documents}).json()
     assert len(scored["data"]) == 3 and scored["usage"]["prompt_tokens"] > 0
     assert http.post("/score", json={"model": "cls", "text_1": "q", "text_2": "d"}).status_code == 400

@@ -257,8 +257,11 @@ async def score_route(body: ScoreRequest, request: Request):
 async def rerank_route(body: RerankRequest, request: Request):
     serving, service = _serving(request)
     model = await serving.model(body.model)
-    ranked = await serving(service.rerank(body.query, body.documents, model=model.name, top_n=body.top_n or None,
+    ranked = await serving(service.rerank(body.query, body.candidates(), model=model.name, top_n=body.top_n or None,
                                           priority=body.priority, **body.parameters()))
+    if body.tei:  # text-embeddings-inference's answer: [{index, score, text?}], highest first
+        return JSON([{"index": r.index, "score": r.score, **({"text": r.document} if body.return_text else {})}
+                     for r in ranked.values])
     results = []
     for result in ranked.values:
         item: dict[str, Any] = {"index": result.index, "relevance_score": result.score}

@@ -155,10 +155,37 @@ SCORE_PAIRS = (("queries", "documents"), ("queries", "items"), ("data_1", "data_
 
 
 class RerankRequest(ClassifyAliases):
+    """vLLM's (Cohere's, Jina's) body, or on the same path text-embeddings-inference's: `texts` instead of
+    `documents` (with `raw_scores`, `return_text`, `truncate`, `truncation_direction`), answered in its shape."""
+
     query: str
-    documents: list[str]
+    documents: list[str] | None = None
     top_n: int | None = Field(None, ge=0)  # vLLM's default 0: every document
     return_documents: bool = True
+    texts: list[str] | None = None
+    raw_scores: bool = False
+    return_text: bool = False
+    truncate: bool | None = None
+    truncation_direction: Literal["Right", "right", "Left", "left"] = "Right"
+
+    @model_validator(mode="after")
+    def _one_list(self) -> RerankRequest:
+        if (self.documents is None) == (self.texts is None):
+            raise ValueError("send documents (or texts, text-embeddings-inference's name), not both")
+        return self
+
+    @property
+    def tei(self) -> bool:
+        return self.texts is not None
+
+    def candidates(self) -> list[str]:
+        return self.texts if self.texts is not None else self.documents or []
+
+    def parameters(self) -> dict[str, Any]:
+        if not self.tei:
+            return super().parameters()
+        options = TEIOptions(truncate=self.truncate, truncation_direction=self.truncation_direction)
+        return {**options.parameters(), "use_activation": not self.raw_scores}
 
 
 class PoolingRequest(EmbedAliases, ClassifyAliases):
