@@ -84,6 +84,32 @@ def test_text_embeddings_inference_embed(http, http_client) -> None:
     assert refused.status_code == 422 and refused.json()["error_type"] == "Validation", refused.text
 
 
+def test_text_embeddings_inference_clients_and_routes(gateway, http, http_client) -> None:
+    """huggingface_hub's InferenceClient against the gateway as against TEI (it posts to /, served by the first
+    model, minilm): feature extraction equals the client's vectors, sentence similarity its scores; /info
+    describes minilm; /decode drops special tokens as TEI does; /embed_all is minilm_tokens' raw token vectors."""
+    from huggingface_hub import InferenceClient
+
+    hub = InferenceClient(model=gateway, api_key=API_KEY)
+    text, others = "A man is eating food.", ["A man is eating a piece of bread.", "A monkey plays drums."]
+    vector = hub.feature_extraction(text)
+    assert vector.shape == (1, 384) and np.abs(vector - http_client.embed([text])).max() <= 1e-6
+    similarity = hub.sentence_similarity(text, other_sentences=others)
+    assert np.abs(np.array(similarity) - http_client.score(text, others)).max() <= 1e-6
+
+    info = http.get("/info").json()
+    assert info["model_id"] == "minilm" and info["model_type"] == {"embedding": {"pooling": "mean"}}, info
+    assert info["model_dtype"] == "float32" and info["max_input_length"] == 256
+    ids = http_client.tokenize([text])[0]
+    decoded = http.post("/decode", json={"model": "minilm", "ids": [ids, ids[1:-1]]}).json()
+    assert decoded == ["a man is eating food."] * 2, decoded
+    tokens = http.post("/embed_all", json={"model": "minilm_tokens", "inputs": [text, others[0]]}).json()
+    expected = http_client.encode([text, others[0]], model="minilm_tokens", use_activation=False)
+    assert [len(rows) for rows in tokens] == [len(rows) for rows in expected] == [8, 11]
+    assert max(np.abs(np.array(got) - want).max() for got, want in zip(tokens, expected)) <= 1e-6
+    assert not np.allclose(np.linalg.norm(expected[0], axis=1), 1)  # raw, not the per-token normalised vectors
+
+
 def test_score_and_rerank_routes(http, http_client) -> None:
     query, documents = "A man is eating food.", ["A monkey plays drums.", "A man is eating a piece of bread."]
     expected = http_client.score(query, documents)
@@ -197,7 +223,8 @@ def test_bad_json_missing_key_and_too_large(gateway, http) -> None:
 
 def test_openapi_document(http) -> None:
     spec = http.get("/openapi.json").json()
-    for path in ("/v1/embeddings", "/v2/embed", "/embed", "/embed_sparse", "/predict", "/classify", "/score",
+    for path in ("/v1/embeddings", "/v2/embed", "/", "/info", "/embed", "/embed_all", "/embed_sparse", "/predict",
+                 "/similarity", "/decode", "/classify", "/score",
                  "/v1/score",
                  "/rerank", "/v1/rerank",
                  "/v2/rerank", "/pooling", "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics"):
@@ -235,11 +262,13 @@ def test_no_server_errors_for_arbitrary_json(http) -> None:
         "input": values, "text_1": values, "text_2": values, "query": values, "documents": values,
         "texts": values, "encoding_format": values, "dimensions": values, "top_n": values, "truncate": values,
         "embedding_types": values, "priority": values, "use_activation": values, "prompt": values, "tokens": values,
-        "truncate_prompt_tokens": values})
+        "truncate_prompt_tokens": values, "inputs": values, "ids": values, "normalize": values,
+        "parameters": values})
     paths = st.sampled_from(["/v1/embeddings", "/v2/embed", "/classify", "/score", "/rerank", "/pooling",
-                             "/tokenize", "/detokenize"])
+                             "/tokenize", "/detokenize", "/", "/embed", "/embed_sparse", "/embed_all", "/predict",
+                             "/similarity", "/decode"])
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck))
     @given(path=paths, body=fields)
     def check(path, body):
         response = http.post(path, json=body)

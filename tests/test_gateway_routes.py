@@ -80,13 +80,13 @@ class FakeClient:
             raise InferenceServerException("text 0 is bad", status="StatusCode.INVALID_ARGUMENT")
         if any(t == "busy" for t in texts):
             raise InferenceServerException("queue full", status="StatusCode.UNAVAILABLE")
-        if request.model in ("emb", "cls", "raw", "spl"):
+        if request.model in ("emb", "cls", "raw", "spl", "rr"):
             width = 2 if request.model == "cls" else WIDTH
             values = np.array([[len(t) + i for i in range(width)] for t in texts], dtype=np.float32)
             if request.model == "spl":  # SPLADE: most of the vocabulary at zero
                 values[:, ::2] = 0
             return {request.outputs[0]: values, PROMPT_TOKENS: np.array([[_words(t)] for t in texts])}
-        if request.model == "emb_score":
+        if request.model in ("emb_score", "rr_score"):
             query, documents = request.inputs[QUERY], request.inputs[DOCUMENTS]
             scores = np.array([1.0 / (1 + len(d)) for d in documents], dtype=np.float32)
             return {SCORES: scores, PROMPT_TOKENS: np.array([sum(map(_words, query + documents))])}
@@ -252,6 +252,74 @@ def test_text_embeddings_inference_routes_answer_in_its_shapes_and_codes() -> No
         assert wrong.status_code == 424 and "is not a classifier model" in wrong.json()["error"]
 
 
+def test_text_embeddings_inference_post_root_info_similarity_decode_and_embed_all() -> None:
+    """TEI's POST / (huggingface_hub's InferenceClient posts there) takes the route of the model's kind, or
+    /similarity's for a sentence-similarity body; /info describes a model as TEI does; /similarity is the
+    bi-encoder's score; /decode a text per row; /embed_all needs a token_embed model; errors in TEI's shape."""
+    fake = FakeClient()
+    fake.server.configs["spl"] = _config("spl", "embed", ["EMBEDDING", PROMPT_TOKENS], use_activation=False,
+                                         sparse=True)
+    for name, pooling, precision in (("emb", "MEAN", "bf16"), ("spl", "SPLADE_MAX", "fp32")):  # strings as written
+        fake.server.configs[name]["parameters"].update({"pooling": {"string_value": pooling},
+                                                        "precision": {"string_value": precision}})
+    fake.server.configs["rr"] = _config("rr", "classify", ["PROBABILITIES", PROMPT_TOKENS], labels=["LABEL_0"])
+    fake.server.configs["rr_score"] = {"name": "rr_score", "backend": "scorer", "output": [{"name": SCORES}]}
+    with TestClient(create_app("unused:0", client=fake)) as http:
+        assert http.post("/", json={"model": "emb", "inputs": "abc"}).json() == [[3, 4, 5, 6]]  # /embed
+        assert fake.requests[-1].model == "emb" and fake.requests[-1].parameters["use_activation"] is True
+        # no model: the first served by name (cls), a classifier: /predict
+        assert http.post("/", json={"inputs": "abc"}).json()[0] == {"score": 4, "label": "yes"}
+        assert fake.requests[-1].model == "cls"
+        assert http.post("/", json={"model": "spl", "inputs": "abc"}).json() == [[{"index": 1, "value": 4.0},
+                                                                                  {"index": 3, "value": 6.0}]]
+        ranked = http.post("/", json={"model": "rr", "query": "q", "texts": ["long text", "ab"]}).json()
+        assert [r["index"] for r in ranked] == [1, 0] and fake.requests[-1].model == "rr_score"
+        similar = http.post("/", json={"inputs": {"source_sentence": "q", "sentences": ["a", "bcd"]},
+                                       "parameters": {"truncate": False, "prompt_name": "query"}})
+        assert np.allclose(similar.json(), [1 / 2, 1 / 4]), similar.text
+        assert fake.requests[-1].model == "emb_score" and fake.requests[-1].parameters == {"prompt_name": "query"}
+        assert np.allclose(http.post("/similarity", json={"inputs": {"source_sentence": "q", "sentences": ["a"]}})
+                           .json(), [1 / 2])
+        assert http.get("/").json() == {"status": "ok"}
+
+        assert http.get("/info").json()["model_id"] == "cls"
+        info = http.get("/info", params={"model": "emb"}).json()
+        assert info["model_id"] == "emb" and info["model_type"] == {"embedding": {"pooling": "mean"}}
+        assert info["model_dtype"] == "bfloat16" and info["max_input_length"] == 16 and info["task"] == "embed"
+        assert http.get("/info", params={"model": "spl"}).json()["model_type"] == {"embedding": {"pooling": "splade"}}
+        assert http.get("/info", params={"model": "cls"}).json()["model_type"] == {"classifier": {
+            "id2label": {"0": "no", "1": "yes"}, "label2id": {"no": 0, "yes": 1}}}
+        assert list(http.get("/info", params={"model": "rr"}).json()["model_type"]) == ["reranker"]
+
+        assert http.post("/decode", json={"model": "emb", "ids": [7, 8]}).json() == ["t7 t8"]
+        assert fake.requests[-1].parameters["skip_special_tokens"] is True  # TEI's default
+        rows = http.post("/decode", json={"model": "emb", "ids": [[7], [8, 9]], "skip_special_tokens": False})
+        assert rows.json() == ["t7", "t8 t9"]
+        assert http.post("/embeddings", json={"model": "emb", "input": "abc"}).json()["data"][0]["embedding"] == \
+            [3, 4, 5, 6]  # OpenAI's route where TEI serves it too
+
+        sent = len(fake.requests)
+        errors = [(http.post("/", content=b"{not json"), 422, "Validation", "not JSON"),
+                  (http.post("/", json={"inputs": 5}), 422, "Validation", "inputs"),
+                  (http.post("/", json={"model": 5, "inputs": "a"}), 422, "Validation", "model"),
+                  (http.post("/", json={"model": "nope", "inputs": "a"}), 404, "Validation", "does not exist"),
+                  (http.post("/", json={"inputs": {"source_sentence": "q", "sentences": []}}), 400, "Empty",
+                   "`inputs.sentences` cannot be empty"),
+                  (http.post("/similarity", json={"model": "cls", "inputs": {"source_sentence": "q",
+                                                                             "sentences": ["a"]}}),
+                   424, "Backend", "is not an embedding model"),
+                  (http.post("/decode", json={"model": "emb", "ids": []}), 200, None, None),
+                  (http.post("/decode", json={"ids": [[]], "model": 3}), 422, "Validation", "model"),
+                  (http.post("/embed_all", json={"model": "emb", "inputs": "a"}), 424, "Backend",
+                   "is not a token embedding model"),
+                  (http.post("/embed_all", json={"inputs": "a"}), 404, "Validation", "no served token embedding")]
+        for response, status, kind, message in errors:
+            assert response.status_code == status, response.text
+            if kind is not None:
+                assert response.json()["error_type"] == kind and message in response.json()["error"], response.text
+        assert len(fake.requests) == sent + 1  # only the empty /decode reached Triton
+
+
 def test_rerank_and_score_carry_documents_and_usage(http, fake) -> None:
     documents = ["a long document", "short", "mid doc"]
     body = http.post("/rerank", json={"model": "emb", "query": "q", "documents": documents}).json()
@@ -309,6 +377,8 @@ def test_api_key(fake) -> None:
                             headers={"authorization": "Bearer s3cret"})
         assert right.status_code == 200 and client.get("/health").status_code == 200
         assert client.get("/ping").status_code == 200 and client.get("/version").status_code == 401
+        # text-embeddings-inference's GET / is a health check; its POST / an inference, behind the key
+        assert client.get("/").status_code == 200 and client.post("/", json={"inputs": "x"}).status_code == 401
 
 
 def test_unavailable_from_a_server_that_is_not_ready_is_503(http, fake) -> None:

@@ -126,6 +126,8 @@ class EnsembleParameters(StageParameters):
     use_activation: bool | None = None
     prompts: tuple[str, ...] | None = None  # the names of the model's prompts (Cohere's input_type picks one)
     sparse: bool | None = None  # a vocabulary-wide SPLADE vector (text-embeddings-inference's /embed_sparse)
+    pooling: str | None = None  # the pooling type (PoolingType's value), for text-embeddings-inference's /info
+    precision: str | None = None  # the encoder's (fp32, bf16, fp16, int8)
 
 
 STAGE_PARAMETERS = (TokenizerParameters, EncoderParameters, PoolerParameters, ScorerParameters, PluginParameters,

@@ -109,6 +109,8 @@ class ModelInfo:
     prompts: tuple[str, ...] = ()  # the names of the model's prompts
     width: int | None = None  # the first output's last dimension (an embedding's size), where fixed
     sparse: bool = False  # SPLADE's vocabulary-wide weights (False where an older export does not say)
+    pooling: str | None = None  # the pooling type, the encoder's precision (None: an older export)
+    precision: str | None = None
 
     @property
     def per_token(self) -> bool:
@@ -127,7 +129,7 @@ def model_info(name: str, config: dict) -> ModelInfo:
     return ModelInfo(name=name, task=ensemble.task, outputs=outputs, labels=ensemble.labels or (),
                      max_length=ensemble.max_length, dimensions=ensemble.matryoshka_dimensions or (),
                      use_activation=ensemble.use_activation, prompts=ensemble.prompts or (), width=width,
-                     sparse=bool(ensemble.sparse))
+                     sparse=bool(ensemble.sparse), pooling=ensemble.pooling, precision=ensemble.precision)
 
 
 def text_array(texts: Sequence[str | bytes], batched: bool) -> np.ndarray:

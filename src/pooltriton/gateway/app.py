@@ -7,7 +7,8 @@ the one the clients use), split as vLLM splits its entrypoints: request bodies i
 and encodings in `serving`, the routes here. It knows only what Triton tells it (model configs; token
 counts come back with every answer), so it needs no access to the model repository's files. Every
 served pooling model (an ensemble whose config names its task) is served:
-/v1/embeddings (OpenAI), /v2/embed (Cohere), /embed, /embed_sparse and /predict (text-embeddings-inference),
+/v1/embeddings (OpenAI), /v2/embed (Cohere), /, /info, /embed, /embed_all, /embed_sparse, /predict, /similarity
+and /decode (text-embeddings-inference),
 /classify, /score and /v1/score, /rerank, /v1/rerank, /v2/rerank, /pooling, /tokenize, /detokenize,
 /v1/models, /health, /metrics. Errors use OpenAI's shape, {"error": {"message", "type", "param", "code"}},
 except on TEI's routes, which answer in TEI's: {"error", "error_type"}.
@@ -21,16 +22,17 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ValidationError
 from tritonclient.utils import InferenceServerException
 
 from pooltriton.client.coalesce import IN_FLIGHT
@@ -53,9 +55,11 @@ from pooltriton.gateway.protocol import (
     PoolingRequest,
     RerankRequest,
     ScoreRequest,
+    TEIDecodeRequest,
     TEIEmbedRequest,
     TEIEmbedSparseRequest,
     TEIPredictRequest,
+    TEISimilarityRequest,
     TokenizeRequest,
     error_body,
 )
@@ -72,6 +76,7 @@ from pooltriton.gateway.serving import (
     encode_inputs,
     sparse_values,
     tei_error,
+    tei_info,
     tei_model,
     tei_predictions,
     usage,
@@ -80,6 +85,8 @@ from pooltriton.gateway.serving import (
 MAX_BODY_BYTES = 8 * 1024 * 1024
 # What a request may wait behind the work already queued (the stages' default queue timeout).
 DEADLINE_S = QUEUE_TIMEOUT_MS / 1000
+T = TypeVar("T")
+B = TypeVar("B", bound=BaseModel)
 
 
 # ---- the routes: each a thin adapter of the pooling service (app.state.serving) --------------------
@@ -167,7 +174,8 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request):
                  "response_type": "embeddings_by_type"})
 
 
-TEI_ROUTES = ("/embed", "/embed_sparse", "/predict")
+# text-embeddings-inference's routes: their bodies and answers are TEI's, and so are their errors.
+TEI_ROUTES = ("/", "/info", "/embed", "/embed_all", "/embed_sparse", "/predict", "/similarity", "/decode")
 
 
 def _tei_empty(texts: Sequence[str], pairs: Sequence[str | None] | None = None) -> None:
@@ -176,32 +184,130 @@ def _tei_empty(texts: Sequence[str], pairs: Sequence[str | None] | None = None) 
         raise APIError(400, "`inputs` cannot be empty", "inputs", kind="Empty")
 
 
-async def _tei_encode(request: Request, body: TEIEmbedSparseRequest, sparse: bool, **options: Any) -> np.ndarray:
+async def _tei_encode(request: Request, body: TEIEmbedSparseRequest, task: str, sparse: bool = False,
+                      **options: Any) -> np.ndarray | list[np.ndarray]:
     """text-embeddings-inference's embedding routes over the same encode."""
     serving, service = _serving(request)
     texts, input_format = encode_inputs(body.inputs)
     # token ids travel as JSON lists: an empty one is "[]"
     _tei_empty([text if not input_format or text != "[]" else "" for text in texts])
     parameters = body.parameters()
-    model = await tei_model(serving, body.model, "embed", sparse, fallback=not parameters["use_activation"])
+    model = await tei_model(serving, body.model, task, sparse, fallback=not parameters["use_activation"])
     if model.sparse and parameters["use_activation"]:
         raise APIError(424, "`normalize` is not available for SPLADE models: send \"normalize\": false for the "
                        "whole vector, or use /embed_sparse")
     pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **parameters, **options,
                                           **input_format), fields={"input": "inputs"})
+    if isinstance(pooled.values, list):  # per token: one array per input
+        return [np.ascontiguousarray(values, dtype=np.float32) for values in pooled.values]
     return np.ascontiguousarray(pooled.values, dtype=np.float32)
 
 
 @router.post("/embed")
 async def tei_embed(body: TEIEmbedRequest, request: Request):
     """text-embeddings-inference's /embed: [[float]], normalised unless `normalize` is false."""
-    return JSON(await _tei_encode(request, body, False, dimensions=body.dimensions))
+    return JSON(await _tei_encode(request, body, "embed", dimensions=body.dimensions))
 
 
 @router.post("/embed_sparse")
 async def tei_embed_sparse(body: TEIEmbedSparseRequest, request: Request):
     """text-embeddings-inference's /embed_sparse: a SPLADE model's non-zero weights, [[{index, value}]]."""
-    return JSON(sparse_values(await _tei_encode(request, body, True)))
+    return JSON(sparse_values(await _tei_encode(request, body, "embed", sparse=True)))
+
+
+@router.post("/embed_all")
+async def tei_embed_all(body: TEIEmbedSparseRequest, request: Request):
+    """text-embeddings-inference's /embed_all: every token's embedding per input, [[[float]]], raw: the
+    hidden states a token_embed model serves (a pooled model's are pooled inside its graph)."""
+    return JSON(await _tei_encode(request, body, "token_embed"))
+
+
+@router.post("/similarity")
+async def tei_similarity(body: TEISimilarityRequest, request: Request):
+    """text-embeddings-inference's /similarity (sentence similarity): the cosine of the source sentence's
+    embedding to each sentence's, as the bi-encoder scores them."""
+    serving, service = _serving(request)
+    if not body.inputs.sentences:
+        raise APIError(400, "`inputs.sentences` cannot be empty", "inputs.sentences", kind="Empty")
+    _tei_empty([body.inputs.source_sentence, *body.inputs.sentences])
+    model = await tei_model(serving, body.model, "embed", fallback=True)
+    scores = await serving(service.score(body.inputs.source_sentence, body.inputs.sentences, model=model.name,
+                                         priority=body.priority, **body.options()),
+                           fields={"query": "inputs.source_sentence", "documents": "inputs.sentences"})
+    return JSON(np.ascontiguousarray(scores.values, dtype=np.float32))
+
+
+@router.post("/decode")
+async def tei_decode(body: TEIDecodeRequest, request: Request):
+    """text-embeddings-inference's /decode: one text per row of ids, special tokens skipped by default."""
+    serving, service = _serving(request)
+    rows = body.rows()
+    if not rows:
+        raise APIError(400, "`ids` cannot be empty", "ids", kind="Empty")
+    model = await serving.model(body.model)
+    return await _all([serving(service.detokenize(row, model=model.name, skip_special_tokens=body.skip_special_tokens))
+                       for row in rows])
+
+
+async def _all(calls: Sequence[Awaitable[T]]) -> list[T]:
+    """Every call's answer; the first failure raised once all have ended (none left running unobserved)."""
+    answers = await asyncio.gather(*calls, return_exceptions=True)
+    if failed := next((answer for answer in answers if isinstance(answer, BaseException)), None):
+        raise failed
+    return answers  # type: ignore[return-value]
+
+
+@router.get("/info")
+async def tei_info_route(request: Request, model: str | None = None):
+    """text-embeddings-inference's /info, of the model `?model=` names or the one POST / serves."""
+    serving, service = _serving(request)
+    return tei_info(await serving.model(model), _version(), service.max_batch)
+
+
+@router.get("/")
+async def tei_health(request: Request):
+    """text-embeddings-inference's GET /: /health."""
+    return await health(request)
+
+
+def _tei_body(kind: type[B], body: Any) -> B:
+    try:
+        return kind.model_validate(body)
+    except ValidationError as error:  # answered as any invalid body is, in TEI's shape on its routes
+        raise RequestValidationError(error.errors()) from None
+
+
+@router.post("/", openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
+    "anyOf": [{"$ref": f"#/components/schemas/{kind}"} for kind in (
+        "TEIEmbedRequest", "TEIEmbedSparseRequest", "TEIPredictRequest", "RerankRequest", "TEISimilarityRequest")]
+}}}}})
+async def tei_default(request: Request):
+    """text-embeddings-inference's POST / (where huggingface_hub's InferenceClient posts): a body whose `inputs`
+    holds `source_sentence` is /similarity; any other is the route of the model's kind, as TEI routes its one
+    model: an embedding model /embed (SPLADE: /embed_sparse), a cross-encoder /rerank, another classifier
+    /predict, a token_embed model /embed_all. The model: the body's `model`, else the first served."""
+    try:
+        body = json.loads(await request.body())
+    except ValueError:
+        raise RequestValidationError([{"loc": ("body",), "msg": "the body is not JSON", "type": "json_invalid"}]) \
+            from None
+    if isinstance(body, dict) and isinstance(body.get("inputs"), dict):
+        return await tei_similarity(_tei_body(TEISimilarityRequest, body), request)
+    name = body.get("model") if isinstance(body, dict) else None
+    model = await _serving(request)[0].model(name if isinstance(name, str) else None)
+    if isinstance(body, dict) and body.get("model") is None:  # the route serves the model chosen here
+        body = {**body, "model": model.name}
+    if model.task == "embed" and model.sparse:
+        return await tei_embed_sparse(_tei_body(TEIEmbedSparseRequest, body), request)
+    if model.task == "embed":
+        return await tei_embed(_tei_body(TEIEmbedRequest, body), request)
+    if model.task == "classify" and model.scorer is not None:
+        return await rerank_route(_tei_body(RerankRequest, body), request)
+    if model.task == "classify":
+        return await tei_predict(_tei_body(TEIPredictRequest, body), request)
+    if model.task == "token_embed":
+        return await tei_embed_all(_tei_body(TEIEmbedSparseRequest, body), request)
+    raise APIError(424, f"Model {model.name!r} ({model.task}) has no text-embeddings-inference route")
 
 
 @router.post("/predict")
@@ -218,9 +324,7 @@ async def tei_predict(body: TEIPredictRequest, request: Request):
                                     pairs=[sequences[i][1] for i in indices] if paired else None,
                                     **body.parameters()), fields={"input": "inputs"})
              for indices, paired in groups]
-    answers = await asyncio.gather(*calls, return_exceptions=True)  # neither left running unobserved
-    if failed := next((answer for answer in answers if isinstance(answer, BaseException)), None):
-        raise failed
+    answers = await _all(calls)
     scores = np.empty((len(sequences), answers[0].values.shape[1]), dtype=np.float32)
     for (indices, _), answer in zip(groups, answers):
         scores[indices] = answer.values
@@ -272,6 +376,7 @@ async def rerank_route(body: RerankRequest, request: Request):
             "usage": usage(ranked.tokens)}
 
 
+router.post("/embeddings")(embeddings)  # text-embeddings-inference serves OpenAI's route here too
 for path in ("/score", "/v1/score"):
     router.post(path)(score_route)
 for path in ("/rerank", "/v1/rerank", "/v2/rerank"):

@@ -15,8 +15,9 @@ from typing import Any
 from starlette.datastructures import MutableHeaders
 from starlette.responses import JSONResponse
 
-# Health checks (Kubernetes probes, SageMaker's /ping) carry no API key.
+# Health checks (Kubernetes probes, SageMaker's /ping, text-embeddings-inference's GET /) carry no API key.
 OPEN_PATHS = frozenset({"/health", "/ping"})
+OPEN_GETS = frozenset({"/"})  # POST / is an inference
 
 class Guard:
     def __init__(self, app: Any, api_key: str | None, observe: Callable[[dict, int, float], None],
@@ -29,7 +30,9 @@ class Guard:
             await self.app(scope, receive, send)
             return
         started = time.monotonic()
-        if self.expected is not None and scope["path"] not in OPEN_PATHS:
+        path = scope["path"]
+        if self.expected is not None and path not in OPEN_PATHS and not (path in OPEN_GETS and
+                                                                         scope["method"] in ("GET", "HEAD")):
             given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
             if not hmac.compare_digest(given, self.expected):  # constant time
                 body = self.error_body(401, "missing or wrong API key (Authorization: Bearer ...)",

@@ -234,6 +234,43 @@ class TEIEmbedRequest(TEIEmbedSparseRequest):
         return {**super().parameters(), "use_activation": self.normalize}
 
 
+class TEISimilarityInput(BaseModel):
+    source_sentence: str
+    sentences: list[str]
+
+
+class TEISimilarityParameters(BaseModel):
+    truncate: bool | None = None
+    truncation_direction: Literal["Right", "right", "Left", "left"] = "Right"
+    prompt_name: str | None = Field(None, max_length=200)
+
+
+class TEISimilarityRequest(BaseModel):
+    """text-embeddings-inference's /similarity body (Hugging Face's sentence-similarity task): the cosine of
+    `source_sentence`'s embedding to each of `sentences`'."""
+
+    model: str | None = None
+    inputs: TEISimilarityInput
+    parameters: TEISimilarityParameters | None = None
+    priority: int = Field(0, ge=-1000, le=1000)
+
+    def options(self) -> dict[str, Any]:
+        given = self.parameters or TEISimilarityParameters()
+        options = TEIOptions(truncate=given.truncate, truncation_direction=given.truncation_direction).parameters()
+        return {**options, **({"prompt_name": given.prompt_name} if given.prompt_name is not None else {})}
+
+
+class TEIDecodeRequest(BaseModel):
+    """text-embeddings-inference's /decode body: one row of token ids or a batch of rows."""
+
+    model: str | None = None
+    ids: list[int] | list[list[int]]
+    skip_special_tokens: bool = True  # TEI's default (vLLM's /detokenize keeps them)
+
+    def rows(self) -> list[list[int]]:
+        return [self.ids] if not self.ids or isinstance(self.ids[0], int) else self.ids  # type: ignore[list-item]
+
+
 class TEIPredictRequest(TEIOptions):
     """text-embeddings-inference's /predict body: one text, one pair `[a, b]`, or a batch of either
     (`[[a], [a, b], ...]`, or a list of other than two texts); `raw_scores` skips the activation."""

@@ -195,7 +195,7 @@ def tei_error(error: APIError) -> Response:
     return JSON({"error": error.message, "error_type": kind}, status_code=status, headers=headers)
 
 
-TEI_KINDS = {"embed": "embedding model", "classify": "classifier model"}
+TEI_KINDS = {"embed": "embedding model", "classify": "classifier model", "token_embed": "token embedding model"}
 
 
 async def tei_model(serving: Serving, name: str | None, task: str, sparse: bool = False,
@@ -210,11 +210,36 @@ async def tei_model(serving: Serving, name: str | None, task: str, sparse: bool 
             raise APIError(404, f"no served {'SPLADE ' if sparse else ''}{TEI_KINDS[task]}", "model")
         return kind[0]
     if model.task != task:
-        raise APIError(424, f"Model {name!r} is not {'an' if task == 'embed' else 'a'} {TEI_KINDS[task]} "
+        article = "an" if TEI_KINDS[task][0] in "aeiou" else "a"
+        raise APIError(424, f"Model {name!r} is not {article} {TEI_KINDS[task]} "
                        f"(it serves {model.task})")
     if sparse and not model.sparse:
         raise APIError(424, f"Model {name!r} is not an embedding model with SPLADE pooling")
     return model
+
+
+# text-embeddings-inference's names for a pooling (its Pool) and for a precision (its dtype).
+TEI_POOLING = {"CLS": "cls", "MEAN": "mean", "LAST": "last_token", "SPLADE_MAX": "splade", "SPLADE_SUM": "splade"}
+TEI_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def tei_info(model: ServedModel, version: str, max_batch: int) -> dict[str, Any]:
+    """text-embeddings-inference's /info for one served model: what this gateway knows of it (the model's
+    config); TEI's own router settings it has no equal for are left out. A cross-encoder is TEI's reranker;
+    fields TEI does not have: `task`, and `pooling` of other than TEI's poolings in its own words."""
+    labels = list(model.labels)
+    if model.task in ("classify", "token_classify"):
+        kind = "reranker" if model.scorer is not None and model.task == "classify" else "classifier"
+        model_type: dict[str, Any] = {kind: {"id2label": {str(i): label for i, label in enumerate(labels)},
+                                             "label2id": {label: i for i, label in enumerate(labels)}}}
+    else:
+        pooling = TEI_POOLING.get(model.pooling or "", (model.pooling or "unknown").lower())
+        model_type = {"embedding": {"pooling": pooling}}
+    dtype = TEI_DTYPES.get(model.precision or "", model.precision)
+    return {"model_id": model.name, "model_sha": None, "model_dtype": dtype,
+            "served_model_name": model.name, "model_type": model_type, "task": model.task,
+            "max_input_length": model.max_length, "max_batch_requests": None, "max_client_batch_size": max_batch,
+            "auto_truncate": True, "version": version, "sha": None, "docker_label": None}
 
 
 def tei_predictions(probabilities: np.ndarray, labels: Sequence[str]) -> list[list[dict[str, Any]]]:
