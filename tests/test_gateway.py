@@ -8,6 +8,8 @@ import httpx
 import numpy as np
 import pytest
 
+from pooltriton.export.defaults import minilm_path
+
 from conftest import running_gateway
 
 API_KEY = "test-key"
@@ -90,12 +92,16 @@ def test_text_embeddings_inference_clients_and_routes(gateway, http, http_client
     describes minilm; /decode drops special tokens as TEI does; /embed_all is minilm_tokens' raw token vectors."""
     from huggingface_hub import InferenceClient
 
-    hub = InferenceClient(model=gateway, api_key=API_KEY)
+    hub = InferenceClient(model=gateway, api_key=API_KEY)  # no model in the URL: the first served, minilm
     text, others = "A man is eating food.", ["A man is eating a piece of bread.", "A monkey plays drums."]
     vector = hub.feature_extraction(text)
     assert vector.shape == (1, 384) and np.abs(vector - http_client.embed([text])).max() <= 1e-6
     similarity = hub.sentence_similarity(text, other_sentences=others)
     assert np.abs(np.array(similarity) - http_client.score(text, others)).max() <= 1e-6
+    # the URL names the model: a token_embed one, whose POST / is /embed_all
+    named = InferenceClient(model=f"{gateway}/?model=minilm_tokens", api_key=API_KEY).feature_extraction(text)
+    expected_tokens = http_client.encode([text], model="minilm_tokens", use_activation=False)[0]
+    assert named.shape == (1, 8, 384) and np.abs(named[0] - expected_tokens).max() <= 1e-6
 
     info = http.get("/info").json()
     assert info["model_id"] == "minilm" and info["model_type"] == {"embedding": {"pooling": "mean"}}, info
@@ -108,6 +114,30 @@ def test_text_embeddings_inference_clients_and_routes(gateway, http, http_client
     assert [len(rows) for rows in tokens] == [len(rows) for rows in expected] == [8, 11]
     assert max(np.abs(np.array(got) - want).max() for got, want in zip(tokens, expected)) <= 1e-6
     assert not np.allclose(np.linalg.norm(expected[0], axis=1), 1)  # raw, not the per-token normalised vectors
+
+
+def test_text_embeddings_inference_tokenize_equals_transformers(http) -> None:
+    """TEI's /tokenize body: each token's id, string and span as transformers' tokenizer of the same files
+    gives them (spans in UTF-8 bytes, as TEI counts; special tokens without one)."""
+    from transformers import AutoTokenizer
+
+    texts = ["Café naïve 東京 über-cool", "A man is eating food."]
+    reference = AutoTokenizer.from_pretrained(str(minilm_path()))
+    answer = http.post("/tokenize", json={"model": "minilm", "inputs": texts})
+    assert answer.status_code == 200, answer.text
+    for text, tokens in zip(texts, answer.json(), strict=True):
+        expected = reference(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+        strings = reference.convert_ids_to_tokens(expected["input_ids"])
+        assert [t["id"] for t in tokens] == expected["input_ids"]
+        assert [t["special"] for t in tokens] == [bool(m) for m in expected["special_tokens_mask"]]
+        for token, string, (start, stop), special in zip(tokens, strings, expected["offset_mapping"],
+                                                         expected["special_tokens_mask"], strict=True):
+            if special:
+                assert (token["text"], token["start"], token["stop"]) == (string, None, None)
+            else:
+                assert token["text"] == text[start:stop]
+                assert (token["start"], token["stop"]) == (len(text[:start].encode()), len(text[:stop].encode()))
+    assert any(t["stop"] - t["start"] > len(t["text"]) for t in answer.json()[0] if not t["special"])  # multi-byte
 
 
 def test_score_and_rerank_routes(http, http_client) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 import numpy as np
 import pytest
@@ -22,9 +23,10 @@ from pooltriton.contract import (
     SCORES,
     TEXT,
     TEXT_PAIR,
+    TOKEN_PIECES,
     stages,
 )
-from pooltriton.contract.requests import TritonRequest, text_array
+from pooltriton.contract.requests import TokenPieces, TritonRequest, text_array
 from pooltriton.gateway import create_app
 from pooltriton.gateway.serving import base64_vector
 
@@ -66,6 +68,16 @@ def _words(text: str) -> int:
     return len(text.split()) + 2  # like [CLS] ... [SEP]
 
 
+def _pieces(text: str, parameters: dict) -> TokenPieces:
+    """A word per token, spans in characters; [CLS] and [SEP] around them unless asked not to."""
+    text = ("query: " if parameters.get("prompt_name") == "query" else "") + text
+    words = [(match.start(), match.end()) for match in re.finditer(r"\S+", text)]
+    special = bool(parameters["add_special_tokens"])
+    spans = [None] * special + words + [None] * special
+    tokens = ["[CLS]"] * special + [text[a:b] for a, b in words] + ["[SEP]"] * special
+    return TokenPieces(text, list(range(len(tokens))), tokens, [span is None for span in spans], spans)
+
+
 class FakeClient:
     """Answers like the served models (an embedding is a function of its text), records every request."""
 
@@ -90,9 +102,12 @@ class FakeClient:
             query, documents = request.inputs[QUERY], request.inputs[DOCUMENTS]
             scores = np.array([1.0 / (1 + len(d)) for d in documents], dtype=np.float32)
             return {SCORES: scores, PROMPT_TOKENS: np.array([sum(map(_words, query + documents))])}
+        if request.model == "emb_tokenizer" and request.parameters.get("mode") == "pieces":
+            return {TOKEN_PIECES: text_array([_pieces(text, request.parameters).to_json() for text in texts],
+                                             batched=True)}
         if request.model == "emb_tokenizer" and request.parameters.get("mode") == "detokenize":
-            ids = json.loads(texts[0])
-            return {DETOKENIZED: text_array([" ".join(f"t{i}" for i in ids)], batched=True)}
+            rows = [json.loads(text) for text in texts]
+            return {DETOKENIZED: text_array([" ".join(f"t{i}" for i in ids) for ids in rows], batched=True)}
         if request.model == "emb_tokenizer":
             ids = np.array([[101, 7, 8, 102, 0]]) if request.parameters.get("add_special_tokens") else \
                 np.array([[7, 8, 0, 0, 0]])
@@ -294,7 +309,8 @@ def test_text_embeddings_inference_post_root_info_similarity_decode_and_embed_al
         assert http.post("/decode", json={"model": "emb", "ids": [7, 8]}).json() == ["t7 t8"]
         assert fake.requests[-1].parameters["skip_special_tokens"] is True  # TEI's default
         rows = http.post("/decode", json={"model": "emb", "ids": [[7], [8, 9]], "skip_special_tokens": False})
-        assert rows.json() == ["t7", "t8 t9"]
+        assert rows.json() == ["t7", "t8 t9"] and fake.requests[-1].inputs[TEXT] == ["[7]", "[8, 9]"]  # one call
+        assert http.post("/?model=emb", json={"inputs": "abc"}).json() == [[3, 4, 5, 6]]  # the URL names it
         assert http.post("/embeddings", json={"model": "emb", "input": "abc"}).json()["data"][0]["embedding"] == \
             [3, 4, 5, 6]  # OpenAI's route where TEI serves it too
 
@@ -308,16 +324,21 @@ def test_text_embeddings_inference_post_root_info_similarity_decode_and_embed_al
                   (http.post("/similarity", json={"model": "cls", "inputs": {"source_sentence": "q",
                                                                              "sentences": ["a"]}}),
                    424, "Backend", "is not an embedding model"),
-                  (http.post("/decode", json={"model": "emb", "ids": []}), 200, None, None),
+                  (http.post("/decode", json={"model": "emb", "ids": []}), 400, "Empty", "`input_ids` cannot be empty"),
+                  (http.post("/decode", json={"model": "emb", "ids": [[7], []]}), 400, "Empty",
+                   "`input_ids` cannot be empty"),
+                  (http.post("/", content=b"[" * 100_000), 422, "Validation", "not JSON"),
                   (http.post("/decode", json={"ids": [[]], "model": 3}), 422, "Validation", "model"),
                   (http.post("/embed_all", json={"model": "emb", "inputs": "a"}), 424, "Backend",
                    "is not a token embedding model"),
                   (http.post("/embed_all", json={"inputs": "a"}), 404, "Validation", "no served token embedding")]
         for response, status, kind, message in errors:
             assert response.status_code == status, response.text
-            if kind is not None:
-                assert response.json()["error_type"] == kind and message in response.json()["error"], response.text
-        assert len(fake.requests) == sent + 1  # only the empty /decode reached Triton
+            assert response.json()["error_type"] == kind and message in response.json()["error"], response.text
+        assert len(fake.requests) == sent  # each refused before the model ran
+        fake.server.ready = False
+        unhealthy = http.get("/")
+        assert unhealthy.status_code == 503 and unhealthy.json() == {"error": "unhealthy", "error_type": "Unhealthy"}
 
 
 def test_rerank_and_score_carry_documents_and_usage(http, fake) -> None:
@@ -342,6 +363,27 @@ def test_rerank_and_score_carry_documents_and_usage(http, fake) -> None:
     scored = http.post("/score", json={"model": "emb", "text_1": "q", "text_2": documents}).json()
     assert len(scored["data"]) == 3 and scored["usage"]["prompt_tokens"] > 0
     assert http.post("/score", json={"model": "cls", "text_1": "q", "text_2": "d"}).status_code == 400
+
+
+def test_tokenize_takes_text_embeddings_inferences_body_and_answers_in_its_shape(http, fake) -> None:
+    """TEI's /tokenize body (`inputs`) on vLLM's path: per input its tokens as {id, text, special, start, stop},
+    spans in UTF-8 bytes of the text read (prompt included), a special token with its string and no span."""
+    one = http.post("/tokenize", json={"model": "emb", "inputs": "héllo wörld"})
+    assert one.status_code == 200, one.text
+    assert one.json() == [[{"id": 0, "text": "[CLS]", "special": True, "start": None, "stop": None},
+                           {"id": 1, "text": "héllo", "special": False, "start": 0, "stop": 6},
+                           {"id": 2, "text": "wörld", "special": False, "start": 7, "stop": 13},
+                           {"id": 3, "text": "[SEP]", "special": True, "start": None, "stop": None}]]
+    assert fake.requests[-1].parameters == {"mode": "pieces", "add_special_tokens": True}
+    both = http.post("/tokenize", json={"model": "emb", "inputs": ["a", "b c"], "add_special_tokens": False,
+                                        "prompt_name": "query"}).json()
+    assert [[token["text"] for token in tokens] for tokens in both] == [["query:", "a"], ["query:", "b", "c"]]
+    assert both[1][2]["start"] == len("query: b ") and fake.requests[-1].parameters["prompt_name"] == "query"
+    for body, message in (({"model": "emb", "inputs": []}, "`inputs` cannot be empty"),
+                          ({"model": "emb", "inputs": "a", "prompt": "a"}, "not both"),
+                          ({"model": "emb"}, "not both")):
+        refused = http.post("/tokenize", json=body)
+        assert refused.status_code == 400 and message in refused.json()["error"]["message"], refused.text
 
 
 def test_tokenize_and_detokenize_go_to_the_tokenizer_stage(http, fake) -> None:

@@ -30,12 +30,14 @@ from pooltriton.contract import (
     DOCUMENTS,
     INPUT_IDS,
     MAX_BATCH_SIZE,
+    PIECES,
     PLUGIN_INPUT,
     PLUGIN_OUTPUT,
     PROMPT_TOKENS,
     QUERY,
     SCORES,
     TEXT,
+    TOKEN_PIECES,
     TOKENIZE,
     invalid_model_name,
     stages,
@@ -413,12 +415,36 @@ class PoolingService:
         results = await asyncio.gather(*(self.transport.infer(r) for r in requests))
         return [ids for result in results for ids in protocol.token_lists(result)]
 
+    async def pieces(self, texts: str | Sequence[str], *, model: str | None = None, add_special_tokens: bool = True,
+                     prompt_name: str | None = None) -> list[protocol.TokenPieces]:
+        """Each text's tokens as the model's tokenizer stage splits it, untruncated, with the model's prompt
+        (`prompt_name`'s, else its default): ids, strings, spans (text-embeddings-inference's /tokenize)."""
+        try:
+            batch = protocol.as_texts(texts)
+        except ValueError as error:
+            raise RequestError(str(error), "inputs") from None
+        parameters = {"mode": PIECES, "add_special_tokens": add_special_tokens,
+                      **({"prompt_name": prompt_name} if prompt_name is not None else {})}
+        tokenizer = stages(self._name(model)).tokenizer
+        requests = [TritonRequest(tokenizer, {TEXT: batch[start : start + self.max_batch]}, (TOKEN_PIECES,),
+                                  parameters, True) for start in range(0, len(batch), self.max_batch)]
+        results = await asyncio.gather(*(self.transport.infer(r) for r in requests))
+        return [protocol.TokenPieces.from_json(raw) for result in results for raw in result[TOKEN_PIECES].reshape(-1)]
+
     async def detokenize(self, tokens: Sequence[int], *, model: str | None = None,
                          skip_special_tokens: bool = False) -> str:
-        request = TritonRequest(stages(self._name(model)).tokenizer, {TEXT: [json.dumps(list(tokens))]},
-                                (DETOKENIZED,), {"mode": DETOKENIZE, "skip_special_tokens": skip_special_tokens},
-                                True)
-        return (await self.transport.infer(request))[DETOKENIZED].reshape(-1)[0].decode("utf-8")
+        return (await self.detokenize_rows([tokens], model=model, skip_special_tokens=skip_special_tokens))[0]
+
+    async def detokenize_rows(self, rows: Sequence[Sequence[int]], *, model: str | None = None,
+                              skip_special_tokens: bool = False) -> list[str]:
+        """One text per row of ids, in requests of at most `max_batch` rows."""
+        tokenizer = stages(self._name(model)).tokenizer
+        texts = [json.dumps(list(row)) for row in rows]
+        requests = [TritonRequest(tokenizer, {TEXT: texts[start : start + self.max_batch]}, (DETOKENIZED,),
+                                  {"mode": DETOKENIZE, "skip_special_tokens": skip_special_tokens}, True)
+                    for start in range(0, len(texts), self.max_batch)]
+        results = await asyncio.gather(*(self.transport.infer(r) for r in requests))
+        return [raw.decode("utf-8") for result in results for raw in result[DETOKENIZED].reshape(-1)]
 
     async def plugin(self, model: str, inputs: str | Sequence[str], **parameters: Any) -> list[Any]:
         """A plugin model (pooltriton.core.plugins): one decoded JSON answer per input."""

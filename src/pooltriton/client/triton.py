@@ -26,7 +26,7 @@ import numpy as np
 
 from pooltriton.client.service import Pooled, PoolingService, RerankResult, TritonTransport
 from pooltriton.contract import MAX_BATCH_SIZE
-from pooltriton.contract.requests import RETRIES, ModelInfo
+from pooltriton.contract.requests import RETRIES, ModelInfo, TokenPieces
 
 T = TypeVar("T")
 
@@ -135,6 +135,12 @@ class AsyncPoolingClient:
                          skip_special_tokens: bool = False) -> str:
         return await self.service.detokenize(tokens, model=model, skip_special_tokens=skip_special_tokens)
 
+    async def pieces(self, texts: str | Sequence[str], *, model: str | None = None, add_special_tokens: bool = True,
+                     prompt_name: str | None = None) -> list[TokenPieces]:
+        """Each text's tokens with their strings and character spans, from the model's tokenizer stage."""
+        return await self.service.pieces(texts, model=model, add_special_tokens=add_special_tokens,
+                                         prompt_name=prompt_name)
+
     async def plugin(self, model: str, inputs: str | Sequence[str], **parameters: Any) -> list[Any]:
         """Call a plugin model (see pooltriton.core.plugins): one decoded JSON answer per input."""
         return await self.service.plugin(model, inputs, **parameters)
@@ -225,6 +231,9 @@ class PoolingClient:
 
     def detokenize(self, tokens: Sequence[int], **options: Any) -> str:
         return self._run(self._async.detokenize(tokens, **options))
+
+    def pieces(self, texts: str | Sequence[str], **options: Any) -> list[TokenPieces]:
+        return self._run(self._async.pieces(texts, **options))
 
     def plugin(self, model: str, inputs: str | Sequence[str], **parameters: Any) -> list[Any]:
         return self._run(self._async.plugin(model, inputs, **parameters))

@@ -60,8 +60,10 @@ ENCODER_OUTPUT = "pooled"
 # the encoder: no pooler hop on the path every short query takes.
 ACTIVATE = "activate"
 # The tokenizer stage called on its own (vLLM's /tokenize, /detokenize): request parameter "mode".
-TOKENIZE, DETOKENIZE = "tokenize", "detokenize"
+TOKENIZE, DETOKENIZE, PIECES = "tokenize", "detokenize", "pieces"
 DETOKENIZED = "DETOKENIZED"  # BYTES [n, 1], the text of each row of ids (mode detokenize)
+# BYTES [n, 1], mode pieces: each text's tokens with their strings and spans (contract.requests.TokenPieces)
+TOKEN_PIECES = "TOKEN_PIECES"
 
 # ---- scoring (<name>_score) ---------------------------------------------------------------------------
 QUERY, DOCUMENTS, SCORES = "QUERY", "DOCUMENTS", "SCORES"  # BYTES [q], BYTES [d] -> FP32 [d]

@@ -211,6 +211,29 @@ def token_lists(result: dict[str, np.ndarray]) -> list[list[int]]:
     return [row[mask.astype(bool)].tolist() for row, mask in zip(result[INPUT_IDS], result[ATTENTION_MASK])]
 
 
+@dataclass(frozen=True)
+class TokenPieces:
+    """One text as the tokenizer stage split it (mode pieces): the text it read (the prompt included), and
+    per token its id, its string in the vocabulary, whether it is special, and its span in that text in
+    characters ([start, stop); a special token has none)."""
+
+    text: str
+    ids: list[int]
+    tokens: list[str]
+    special: list[bool]
+    spans: list[tuple[int, int] | None]
+
+    def to_json(self) -> str:
+        return json.dumps({"text": self.text, "ids": self.ids, "tokens": self.tokens, "special": self.special,
+                           "spans": self.spans})
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> TokenPieces:
+        value = json.loads(raw)
+        return cls(value["text"], value["ids"], value["tokens"], value["special"],
+                   [tuple(span) if span is not None else None for span in value["spans"]])
+
+
 def score_inputs(query: str | Sequence[str], documents: str | Sequence[str]) -> dict[str, list[str]]:
     return {QUERY: as_texts(query, "query"), DOCUMENTS: as_texts(documents, "documents")}
 

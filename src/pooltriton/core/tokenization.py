@@ -76,7 +76,11 @@ class TextTokenizer:
         return [len(e.ids) for e in self._plain.encode_batch(texts)] if texts else []
 
     def ids(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._plain.encode(text, add_special_tokens=add_special_tokens).ids
+        return self.encoding(text, add_special_tokens).ids
+
+    def encoding(self, text: str, add_special_tokens: bool = True) -> Encoding:
+        """The text's tokens untruncated, with their strings, character offsets and special-token mask."""
+        return self._plain.encode(text, add_special_tokens=add_special_tokens)
 
     @property
     def vocab_size(self) -> int:

@@ -46,6 +46,7 @@ from pooltriton.contract import (
     TEXT,
     TEXT_PAIR,
     TOKEN_COUNTS,
+    TOKEN_PIECES,
     TOKENIZER_INSTANCES,
     Stages,
     invalid_model_name,
@@ -467,7 +468,7 @@ def _tokenizer_config(name: str, options: ExportOptions, config: PoolerConfig, t
     return ModelConfig(
         name=name, backend="tokenizer", max_batch_size=MAX_BATCH_SIZE, inputs=tensors.text_inputs,
         outputs=[*(_token_tensor(n) for n in tensors.token_outputs), tensors.prompt_tokens,
-                 Tensor(DETOKENIZED, "TYPE_STRING", (1,))],
+                 Tensor(DETOKENIZED, "TYPE_STRING", (1,)), Tensor(TOKEN_PIECES, "TYPE_STRING", (1,))],
         # No queue delay (here and on the encoder): under load requests queue while the encoder runs
         # anyway, and when idle a delay is pure latency on a single text (docs/performance.md).
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS, queue=queue),

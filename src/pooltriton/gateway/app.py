@@ -79,6 +79,7 @@ from pooltriton.gateway.serving import (
     tei_info,
     tei_model,
     tei_predictions,
+    tei_tokens,
     usage,
 )
 
@@ -242,11 +243,10 @@ async def tei_decode(body: TEIDecodeRequest, request: Request):
     """text-embeddings-inference's /decode: one text per row of ids, special tokens skipped by default."""
     serving, service = _serving(request)
     rows = body.rows()
-    if not rows:
-        raise APIError(400, "`ids` cannot be empty", "ids", kind="Empty")
+    if not all(rows):  # `ids: []` is one empty row, as TEI reads it
+        raise APIError(400, "`input_ids` cannot be empty", "ids", kind="Empty")
     model = await serving.model(body.model)
-    return await _all([serving(service.detokenize(row, model=model.name, skip_special_tokens=body.skip_special_tokens))
-                       for row in rows])
+    return await serving(service.detokenize_rows(rows, model=model.name, skip_special_tokens=body.skip_special_tokens))
 
 
 async def _all(calls: Sequence[Awaitable[T]]) -> list[T]:
@@ -266,8 +266,10 @@ async def tei_info_route(request: Request, model: str | None = None):
 
 @router.get("/")
 async def tei_health(request: Request):
-    """text-embeddings-inference's GET /: /health."""
-    return await health(request)
+    """text-embeddings-inference's GET /: /health, unhealthy in TEI's shape."""
+    if not await request.app.state.serving.service.ready():
+        raise APIError(503, "unhealthy")
+    return {"status": "ok"}
 
 
 def _tei_body(kind: type[B], body: Any) -> B:
@@ -281,33 +283,38 @@ def _tei_body(kind: type[B], body: Any) -> B:
     "anyOf": [{"$ref": f"#/components/schemas/{kind}"} for kind in (
         "TEIEmbedRequest", "TEIEmbedSparseRequest", "TEIPredictRequest", "RerankRequest", "TEISimilarityRequest")]
 }}}}})
-async def tei_default(request: Request):
+async def tei_default(request: Request, model: str | None = None):
     """text-embeddings-inference's POST / (where huggingface_hub's InferenceClient posts): a body whose `inputs`
     holds `source_sentence` is /similarity; any other is the route of the model's kind, as TEI routes its one
     model: an embedding model /embed (SPLADE: /embed_sparse), a cross-encoder /rerank, another classifier
-    /predict, a token_embed model /embed_all. The model: the body's `model`, else the first served."""
+    /predict, a token_embed model /embed_all. The model: the body's `model`, else `?model=`, else the first
+    served (by name)."""
     try:
         body = json.loads(await request.body())
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         raise RequestValidationError([{"loc": ("body",), "msg": "the body is not JSON", "type": "json_invalid"}]) \
             from None
+    # The body's model, else the URL's ?model= (huggingface_hub's InferenceClient posts to its URL as given and
+    # names no model in the body), else the first served (for a similarity body: the first embedding model).
+    if isinstance(body, dict) and body.get("model") is None and model is not None:
+        body = {**body, "model": model}
     if isinstance(body, dict) and isinstance(body.get("inputs"), dict):
         return await tei_similarity(_tei_body(TEISimilarityRequest, body), request)
     name = body.get("model") if isinstance(body, dict) else None
-    model = await _serving(request)[0].model(name if isinstance(name, str) else None)
-    if isinstance(body, dict) and body.get("model") is None:  # the route serves the model chosen here
-        body = {**body, "model": model.name}
-    if model.task == "embed" and model.sparse:
+    served = await _serving(request)[0].model(name if isinstance(name, str) else None)
+    if isinstance(body, dict) and name is None:  # the route serves the model chosen here
+        body = {**body, "model": served.name}
+    if served.task == "embed" and served.sparse:
         return await tei_embed_sparse(_tei_body(TEIEmbedSparseRequest, body), request)
-    if model.task == "embed":
+    if served.task == "embed":
         return await tei_embed(_tei_body(TEIEmbedRequest, body), request)
-    if model.task == "classify" and model.scorer is not None:
+    if served.task == "classify" and served.scorer is not None:
         return await rerank_route(_tei_body(RerankRequest, body), request)
-    if model.task == "classify":
+    if served.task == "classify":
         return await tei_predict(_tei_body(TEIPredictRequest, body), request)
-    if model.task == "token_embed":
+    if served.task == "token_embed":
         return await tei_embed_all(_tei_body(TEIEmbedSparseRequest, body), request)
-    raise APIError(424, f"Model {model.name!r} ({model.task}) has no text-embeddings-inference route")
+    raise APIError(424, f"Model {served.name!r} ({served.task}) has no text-embeddings-inference route")
 
 
 @router.post("/predict")
@@ -398,10 +405,17 @@ async def pooling(body: PoolingRequest, request: Request):
 
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, request: Request):
-    """The model's own tokenizer stage, untruncated (vLLM's /tokenize)."""
+    """The model's own tokenizer stage, untruncated: vLLM's /tokenize, or for text-embeddings-inference's
+    body (`inputs`) its answer, [[{id, text, special, start, stop}]] per input."""
     serving, service = _serving(request)
     model = await serving.model(body.model)
-    ids = (await serving(service.tokenize(body.prompt, model=model.name,
+    if body.inputs is not None:
+        if not body.inputs:
+            raise APIError(400, "`inputs` cannot be empty", "inputs")
+        pieces = await serving(service.pieces(body.inputs, model=model.name, add_special_tokens=body.add_special_tokens,
+                                              prompt_name=body.prompt_name))
+        return JSON([tei_tokens(text) for text in pieces])
+    ids = (await serving(service.tokenize(body.prompt or "", model=model.name,
                                           add_special_tokens=body.add_special_tokens)))[0]
     return {"tokens": ids, "count": len(ids), "max_model_len": model.max_length}
 

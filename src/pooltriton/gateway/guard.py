@@ -31,8 +31,8 @@ class Guard:
             return
         started = time.monotonic()
         path = scope["path"]
-        if self.expected is not None and path not in OPEN_PATHS and not (path in OPEN_GETS and
-                                                                         scope["method"] in ("GET", "HEAD")):
+        open_path = path in OPEN_PATHS or (path in OPEN_GETS and scope["method"] == "GET")
+        if self.expected is not None and not open_path:
             given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
             if not hmac.compare_digest(given, self.expected):  # constant time
                 body = self.error_body(401, "missing or wrong API key (Authorization: Bearer ...)",

@@ -298,9 +298,20 @@ class TEIPredictRequest(TEIOptions):
 
 
 class TokenizeRequest(BaseModel):
+    """vLLM's body (`prompt`), or on the same path text-embeddings-inference's (`inputs`, a text or a list,
+    with `prompt_name`), answered in its shape."""
+
     model: str | None = None
-    prompt: str
+    prompt: str | None = None
     add_special_tokens: bool = True
+    inputs: str | list[str] | None = None
+    prompt_name: str | None = Field(None, max_length=200)
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.inputs is None):
+            raise ValueError("send prompt (or inputs, text-embeddings-inference's name), not both")
+        return self
 
 
 class DetokenizeRequest(BaseModel):

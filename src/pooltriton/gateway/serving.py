@@ -4,6 +4,7 @@ errors mean in HTTP, and the encodings of the answers (vLLM keeps this layer as 
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import sys
 from collections.abc import Awaitable, Sequence
@@ -22,7 +23,7 @@ from pooltriton.client.service import (
     WrongTask,
 )
 from pooltriton.contract import RETRY_AFTER_S
-from pooltriton.contract.requests import classify
+from pooltriton.contract.requests import TokenPieces, classify
 from pooltriton.gateway.protocol import APIError
 
 T = TypeVar("T")
@@ -240,6 +241,16 @@ def tei_info(model: ServedModel, version: str, max_batch: int) -> dict[str, Any]
             "served_model_name": model.name, "model_type": model_type, "task": model.task,
             "max_input_length": model.max_length, "max_batch_requests": None, "max_client_batch_size": max_batch,
             "auto_truncate": True, "version": version, "sha": None, "docker_label": None}
+
+
+def tei_tokens(pieces: TokenPieces) -> list[dict[str, Any]]:
+    """text-embeddings-inference's tokens of one text: a special token its vocabulary string and no span, any
+    other the text it covers and its span in UTF-8 bytes of the text read, as TEI's tokenizer counts them."""
+    at = [0, *itertools.accumulate(len(character.encode("utf-8", "surrogatepass")) for character in pieces.text)]
+    return [{"id": id_, "text": token, "special": True, "start": None, "stop": None} if span is None else
+            {"id": id_, "text": pieces.text[span[0]:span[1]], "special": special, "start": at[span[0]],
+             "stop": at[span[1]]}
+            for id_, token, special, span in zip(pieces.ids, pieces.tokens, pieces.special, pieces.spans, strict=True)]
 
 
 def tei_predictions(probabilities: np.ndarray, labels: Sequence[str]) -> list[list[dict[str, Any]]]:

@@ -7,8 +7,9 @@ ragged results. Per-request parameters: "truncate": NONE (default: reject over-l
 ACTIVATE for an embed encoder, which normalises in its graph. Admission by work: a request whose tokens
 could not clear the encoder within its queue timeout, behind the work queued there, is refused at once
 (UNAVAILABLE, retryable; backends.workboard). Called on its own,
-"mode" "tokenize" (with "add_special_tokens") returns a text's ids untruncated, and "detokenize"
-(TEXT items are JSON lists of ids, optional "skip_special_tokens") returns DETOKENIZED texts.
+"mode" "tokenize" (with "add_special_tokens") returns a text's ids untruncated, "pieces" (with
+"add_special_tokens" and "prompt_name") TOKEN_PIECES: each text's tokens with their strings and spans, and
+"detokenize" (TEXT items are JSON lists of ids, optional "skip_special_tokens") returns DETOKENIZED texts.
 """
 
 from __future__ import annotations
@@ -35,15 +36,17 @@ from pooltriton.contract import (
     DETOKENIZE,
     DETOKENIZED,
     INPUT_IDS,
+    PIECES,
     PROMPT_TOKENS,
     TEXT,
     TEXT_PAIR,
+    TOKEN_PIECES,
     TOKEN_TYPE_IDS,
     TOKENIZE,
 )
 from pooltriton.contract.admission import Refusal, retry_phrase
 from pooltriton.contract.parameters import TokenizerParameters
-from pooltriton.contract.requests import text_array
+from pooltriton.contract.requests import TokenPieces, text_array
 from pooltriton.core.semantics import Truncation
 from pooltriton.core.tokenization import InputError, TextTokenizer, TokenIds, decode_texts, empty_batch
 
@@ -89,9 +92,14 @@ class TritonPythonModel:
                 if error := empty_batch(texts):  # every mode (tokenize mode would fail the batch in `pad`)
                     raise error
                 mode = parameters.get("mode")
-                encodes.append(mode not in (TOKENIZE, DETOKENIZE))
+                encodes.append(mode not in (TOKENIZE, DETOKENIZE, PIECES))
                 if mode == DETOKENIZE:
                     parsed.append(self._detokenize(texts, parameters))
+                    continue
+                if mode == PIECES:
+                    prompt = self._prompt(parameters.get("prompt_name"))
+                    parsed.append(self._pieces([prompt + t for t in texts],
+                                               bool(parameters.get("add_special_tokens", True))))
                     continue
                 if mode == TOKENIZE:
                     special = parameters.get("add_special_tokens", True)
@@ -162,6 +170,16 @@ class TritonPythonModel:
         skip = bool(parameters.get("skip_special_tokens", False))
         decoded = [self.tokenizer.decode(ids, skip_special_tokens=skip) for ids in rows]
         return pb_utils.InferenceResponse([pb_utils.Tensor(DETOKENIZED, text_array(decoded, batched=True))])
+
+
+    def _pieces(self, texts: list[str], add_special_tokens: bool) -> object:
+        pieces = []
+        for text in texts:
+            encoding = self.tokenizer.encoding(text, add_special_tokens)
+            special = [bool(flag) for flag in encoding.special_tokens_mask]
+            spans = [None if flag else (start, stop) for flag, (start, stop) in zip(special, encoding.offsets)]
+            pieces.append(TokenPieces(text, encoding.ids, encoding.tokens, special, spans).to_json())
+        return pb_utils.InferenceResponse([pb_utils.Tensor(TOKEN_PIECES, text_array(pieces, batched=True))])
 
 
 def _id_rows(texts: list[str]) -> list[list[int]]:
