@@ -116,6 +116,16 @@ def test_text_embeddings_inference_clients_and_routes(gateway, http, http_client
     assert not np.allclose(np.linalg.norm(expected[0], axis=1), 1)  # raw, not the per-token normalised vectors
 
 
+def test_sagemaker_invocations_take_vllms_and_teis_bodies(http, http_client) -> None:
+    text = "A man is eating food."
+    expected = http_client.embed([text])
+    vllm = http.post("/invocations", json={"model": "minilm", "input": text})
+    tei = http.post("/invocations", json={"model": "minilm", "inputs": text})
+    assert vllm.status_code == tei.status_code == 200, (vllm.text, tei.text)
+    assert np.abs(np.array(vllm.json()["data"][0]["embedding"]) - expected[0]).max() <= 1e-6
+    assert np.abs(np.array(tei.json()) - expected).max() <= 1e-6
+
+
 def test_text_embeddings_inference_tokenize_equals_transformers(http) -> None:
     """TEI's /tokenize body: each token's id, string and span as transformers' tokenizer of the same files
     gives them (spans in UTF-8 bytes, as TEI counts; special tokens without one)."""
@@ -253,8 +263,8 @@ def test_bad_json_missing_key_and_too_large(gateway, http) -> None:
 
 def test_openapi_document(http) -> None:
     spec = http.get("/openapi.json").json()
-    for path in ("/v1/embeddings", "/v2/embed", "/", "/info", "/embed", "/embed_all", "/embed_sparse", "/predict",
-                 "/similarity", "/decode", "/classify", "/score",
+    for path in ("/v1/embeddings", "/v2/embed", "/", "/invocations", "/info", "/embed", "/embed_all",
+                 "/embed_sparse", "/predict", "/similarity", "/decode", "/classify", "/score",
                  "/v1/score",
                  "/rerank", "/v1/rerank",
                  "/v2/rerank", "/pooling", "/tokenize", "/detokenize", "/v1/models", "/health", "/metrics"):
@@ -296,7 +306,7 @@ def test_no_server_errors_for_arbitrary_json(http) -> None:
         "parameters": values})
     paths = st.sampled_from(["/v1/embeddings", "/v2/embed", "/classify", "/score", "/rerank", "/pooling",
                              "/tokenize", "/detokenize", "/", "/embed", "/embed_sparse", "/embed_all", "/predict",
-                             "/similarity", "/decode"])
+                             "/similarity", "/decode", "/invocations"])
 
     @settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck))
     @given(path=paths, body=fields)

@@ -341,6 +341,27 @@ def test_text_embeddings_inference_post_root_info_similarity_decode_and_embed_al
         assert unhealthy.status_code == 503 and unhealthy.json() == {"error": "unhealthy", "error_type": "Unhealthy"}
 
 
+def test_invocations_routes_vllms_bodies_then_text_embeddings_inferences(http, fake) -> None:
+    """SageMaker's /invocations: the first of vLLM's bodies that validates among those the model serves
+    (embeddings, classify, rerank, score, pooling), else TEI's route for the model's kind; errors in OpenAI's shape."""
+    def post(body: dict, **params: str):
+        response = http.post("/invocations", json=body, params=params)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    assert post({"model": "emb", "input": "abc"})["data"][0]["embedding"] == [3, 4, 5, 6]
+    assert post({"input": "abc"}, model="emb")["data"][0]["object"] == "embedding"
+    assert post({"model": "cls", "input": "abc"})["data"][0]["label"] == "yes"
+    assert post({"input": "abc"})["data"][0]["label"] == "yes"  # no model: the first served, cls
+    assert [r["index"] for r in post({"model": "emb", "query": "q", "documents": ["long", "a"]})["results"]] == [1, 0]
+    assert len(post({"model": "emb", "text_1": "q", "text_2": ["a", "b"]})["data"]) == 2
+    assert post({"model": "emb", "inputs": "abc"}) == [[3, 4, 5, 6]]  # TEI's /embed
+    assert post({"model": "cls", "inputs": ["abc", "de"]})[0]["label"] == "yes"  # TEI's pair on /predict
+    refused = http.post("/invocations", json={"model": "emb"})
+    assert refused.status_code == 400 and "inputs" in refused.json()["error"]["message"], refused.text
+    assert http.post("/invocations", json={"model": "nope", "input": "a"}).status_code == 404
+
+
 def test_rerank_and_score_carry_documents_and_usage(http, fake) -> None:
     documents = ["a long document", "short", "mid doc"]
     body = http.post("/rerank", json={"model": "emb", "query": "q", "documents": documents}).json()
@@ -380,6 +401,7 @@ def test_tokenize_takes_text_embeddings_inferences_body_and_answers_in_its_shape
     assert [[token["text"] for token in tokens] for tokens in both] == [["query:", "a"], ["query:", "b", "c"]]
     assert both[1][2]["start"] == len("query: b ") and fake.requests[-1].parameters["prompt_name"] == "query"
     for body, message in (({"model": "emb", "inputs": []}, "`inputs` cannot be empty"),
+                          ({"model": "emb", "inputs": ["a", ""]}, "`inputs` cannot be empty"),
                           ({"model": "emb", "inputs": "a", "prompt": "a"}, "not both"),
                           ({"model": "emb"}, "not both")):
         refused = http.post("/tokenize", json=body)

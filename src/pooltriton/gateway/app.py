@@ -10,7 +10,7 @@ served pooling model (an ensemble whose config names its task) is served:
 /v1/embeddings (OpenAI), /v2/embed (Cohere), /, /info, /embed, /embed_all, /embed_sparse, /predict, /similarity
 and /decode (text-embeddings-inference),
 /classify, /score and /v1/score, /rerank, /v1/rerank, /v2/rerank, /pooling, /tokenize, /detokenize,
-/v1/models, /health, /metrics. Errors use OpenAI's shape, {"error": {"message", "type", "param", "code"}},
+/invocations, /v1/models, /health, /metrics. Errors use OpenAI's shape, {"error": {"message", "type", "param", "code"}},
 except on TEI's routes, which answer in TEI's: {"error", "error_type"}.
 """
 
@@ -272,6 +272,15 @@ async def tei_health(request: Request):
     return {"status": "ok"}
 
 
+async def _json_body(request: Request) -> Any:
+    """The body of a route that reads it itself (it takes several shapes)."""
+    try:
+        return json.loads(await request.body())
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
+        raise RequestValidationError([{"loc": ("body",), "msg": "the body is not JSON", "type": "json_invalid"}]) \
+            from None
+
+
 def _tei_body(kind: type[B], body: Any) -> B:
     try:
         return kind.model_validate(body)
@@ -289,11 +298,7 @@ async def tei_default(request: Request, model: str | None = None):
     model: an embedding model /embed (SPLADE: /embed_sparse), a cross-encoder /rerank, another classifier
     /predict, a token_embed model /embed_all. The model: the body's `model`, else `?model=`, else the first
     served (by name)."""
-    try:
-        body = json.loads(await request.body())
-    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
-        raise RequestValidationError([{"loc": ("body",), "msg": "the body is not JSON", "type": "json_invalid"}]) \
-            from None
+    body = await _json_body(request)
     # The body's model, else the URL's ?model= (huggingface_hub's InferenceClient posts to its URL as given and
     # names no model in the body), else the first served (for a similarity body: the first embedding model).
     if isinstance(body, dict) and body.get("model") is None and model is not None:
@@ -403,6 +408,38 @@ async def pooling(body: PoolingRequest, request: Request):
                  "usage": usage(pooled.tokens)})
 
 
+# SageMaker's /invocations as vLLM routes it: the first of these bodies that validates, among those the model
+# serves (vLLM's order).
+INVOCATIONS: tuple[tuple[type[BaseModel], Any, Any], ...] = (
+    (EmbeddingRequest, embeddings, lambda model: model.task == "embed"),
+    (ClassifyRequest, classify, lambda model: model.task == "classify"),
+    (RerankRequest, rerank_route, lambda model: model.scorer is not None),
+    (ScoreRequest, score_route, lambda model: model.scorer is not None),
+    (PoolingRequest, pooling, lambda model: True),
+)
+
+
+@router.post("/invocations")
+async def invocations(request: Request, model: str | None = None):
+    """SageMaker's inference route: as vLLM routes it, the first of its bodies that validates among those the
+    model serves (embeddings, classify, rerank, score, pooling), else text-embeddings-inference's (POST /, by the
+    model's kind), so either's SageMaker clients work. The model: the body's, else `?model=`, else the first
+    served. Errors in this gateway's (OpenAI's) shape."""
+    body = await _json_body(request)
+    name = body.get("model") if isinstance(body, dict) else None
+    served = await _serving(request)[0].model(name if isinstance(name, str) else model)
+    if isinstance(body, dict) and name is None:
+        body = {**body, "model": served.name}
+    for kind, route, serves in INVOCATIONS:
+        if serves(served):
+            try:
+                parsed = kind.model_validate(body)
+            except ValidationError:
+                continue
+            return await route(parsed, request)
+    return await tei_default(request, served.name)
+
+
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, request: Request):
     """The model's own tokenizer stage, untruncated: vLLM's /tokenize, or for text-embeddings-inference's
@@ -410,8 +447,8 @@ async def tokenize(body: TokenizeRequest, request: Request):
     serving, service = _serving(request)
     model = await serving.model(body.model)
     if body.inputs is not None:
-        if not body.inputs:
-            raise APIError(400, "`inputs` cannot be empty", "inputs")
+        if not body.inputs or "" in ([body.inputs] if isinstance(body.inputs, str) else body.inputs):
+            raise APIError(400, "`inputs` cannot be empty", "inputs")  # TEI tokenizes no empty text
         pieces = await serving(service.pieces(body.inputs, model=model.name, add_special_tokens=body.add_special_tokens,
                                               prompt_name=body.prompt_name))
         return JSON([tei_tokens(text) for text in pieces])
