@@ -364,3 +364,17 @@ def test_a_retired_stub_killed_now_is_not_taken_for_its_instance_s_death(monkeyp
     assert watch.check() == [] and reloads == [] and watch.retired == ["m_tokenizer_0_0"]
     assert watch.check() == [] and reloads == [] and watch.retired == ["m_tokenizer_0_0"]  # killed once
     assert watch.check() == [] and reloads == [] and watch.retiring == {}  # reaped: no longer retiring
+
+
+def test_the_service_errors_survive_pickling() -> None:
+    """Workers in other processes (multiprocessing, Ray, Celery) get the same error back, fields and all."""
+    import pickle
+
+    from pooltriton.client.service import Overloaded, RequestError, WrongTask
+    from pooltriton.contract.requests import ModelInfo
+
+    model = ModelInfo(name="m", task="classify", outputs=("PROBABILITIES",), labels=("a", "b"))
+    for error in (RequestError("too long", "input"), WrongTask(model, "embed"), Overloaded("busy", 3)):
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and str(copy) == str(error)
+        assert vars(copy) == vars(error)

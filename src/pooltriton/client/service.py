@@ -59,6 +59,11 @@ class RequestError(ValueError):
         super().__init__(message)
         self.param = param
 
+    # The service's errors cross process boundaries whole (multiprocessing, Ray, Celery pickle them): each
+    # rebuilds from its own arguments, which the exception's `args` (the message alone) would not give.
+    def __reduce__(self) -> tuple:
+        return type(self), (str(self), self.param)
+
 
 class WrongTask(RequestError):
     """The model serves another task (one task per model, as in vLLM); `model` says which it serves."""
@@ -66,7 +71,10 @@ class WrongTask(RequestError):
     def __init__(self, model: ModelInfo, task: str) -> None:
         super().__init__(f"model {model.name!r} serves task {model.task!r}, not {task!r} (one task per model)",
                          "model")
-        self.model = model
+        self.model, self.task = model, task
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.model, self.task)
 
 
 def check_task(model: ModelInfo, task: str | None) -> None:
@@ -87,6 +95,9 @@ class Overloaded(Exception):
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+    def __reduce__(self) -> tuple:
+        return type(self), (str(self), self.retry_after_s)
 
 
 @dataclass(frozen=True)
