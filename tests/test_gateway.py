@@ -84,6 +84,9 @@ def test_text_embeddings_inference_embed(http, http_client) -> None:
     refused = http.post("/embed", json={"model": "minilm", "inputs": long, "truncate": False})
     assert np.abs(np.array(cut.json()[0]) - http_client.embed([long], truncate="END")[0]).max() <= 1e-6
     assert refused.status_code == 422 and refused.json()["error_type"] == "Validation", refused.text
+    # any size up to the width, cut and normalised as TEI does (minilm declares no Matryoshka sizes)
+    cut = np.array(http.post("/embed", json={"model": "minilm", "inputs": texts, "dimensions": 100}).json())
+    assert np.abs(cut - expected[:, :100] / np.linalg.norm(expected[:, :100], axis=1, keepdims=True)).max() <= 1e-6
 
 
 def test_text_embeddings_inference_clients_and_routes(gateway, http, http_client) -> None:
@@ -182,6 +185,9 @@ def test_pooling_token_output_and_tokenize(http, http_client) -> None:
     assert plain == "hello world"
     bare = http.post("/tokenize", json={"model": "minilm", "prompt": "hello world", "add_special_tokens": False})
     assert bare.json()["tokens"] == tokens["tokens"][1:-1]
+    strings = http.post("/tokenize", json={"model": "minilm", "prompt": "hello world", "return_token_strs": True})
+    assert strings.json()["token_strs"] == ["[CLS]", "hello", "world", "[SEP]"]
+    assert strings.json()["tokens"] == tokens["tokens"]
 
 
 def test_models_health_metrics(gateway, http) -> None:

@@ -70,7 +70,8 @@ def _words(text: str) -> int:
 
 def _pieces(text: str, parameters: dict) -> TokenPieces:
     """A word per token, spans in characters; [CLS] and [SEP] around them unless asked not to."""
-    text = ("query: " if parameters.get("prompt_name") == "query" else "") + text
+    prompted = parameters.get("prompt_name") == "query" and parameters.get("with_prompt", True)
+    text = ("query: " if prompted else "") + text
     words = [(match.start(), match.end()) for match in re.finditer(r"\S+", text)]
     special = bool(parameters["add_special_tokens"])
     spans = [None] * special + words + [None] * special
@@ -234,8 +235,8 @@ def test_text_embeddings_inference_routes_answer_in_its_shapes_and_codes() -> No
                   (http.post("/embed", json={"model": "cls", "inputs": "abc"}), 424, "Backend",
                    "is not an embedding model (it serves classify)"),
                   (http.post("/embed", json={"inputs": []}), 400, "Empty", "`inputs` cannot be empty"),
-                  (http.post("/embed", json={"model": "emb", "inputs": "ab", "dimensions": 3}), 422, "Validation",
-                   "does not support 3 dimensions"),
+                  (http.post("/embed", json={"model": "emb", "inputs": "ab", "dimensions": 5}), 422, "Validation",
+                   "`dimensions` should be smaller than the maximum embedding dimension"),
                   (http.post("/embed", json={"model": "nope", "inputs": "ab"}), 404, "Validation", "does not exist"),
                   (http.post("/embed", json={"inputs": "ab", "truncation_direction": "up"}), 422, "Validation",
                    "truncation_direction"),
@@ -248,6 +249,11 @@ def test_text_embeddings_inference_routes_answer_in_its_shapes_and_codes() -> No
             assert response.status_code == status, response.text
             assert response.json()["error_type"] == kind and message in response.json()["error"], response.text
         assert len(fake.requests) == sent  # each refused before the model ran
+        # any size up to the width, as TEI cuts (vLLM's routes take declared Matryoshka sizes only)
+        cut = np.array(http.post("/embed", json={"model": "emb", "inputs": "ab", "dimensions": 3}).json())
+        assert np.allclose(cut, [np.array([2, 3, 4]) / np.linalg.norm([2, 3, 4])])
+        raw = http.post("/embed", json={"model": "emb", "inputs": "ab", "dimensions": 3, "normalize": False}).json()
+        assert raw == [[2, 3, 4]] and fake.requests[-1].parameters["use_activation"] is False
         busy = http.post("/embed", json={"inputs": "busy"})
         assert busy.status_code == 429 and busy.json()["error_type"] == "Overloaded"
         assert busy.headers["retry-after"] == "1"
@@ -408,9 +414,17 @@ def test_tokenize_takes_text_embeddings_inferences_body_and_answers_in_its_shape
         assert refused.status_code == 400 and message in refused.json()["error"]["message"], refused.text
 
 
+def test_tokenize_returns_token_strings_without_the_prompt_when_asked_as_vllm(http, fake) -> None:
+    plain = http.post("/tokenize", json={"model": "emb", "prompt": "héllo wörld"}).json()
+    assert plain["token_strs"] is None and fake.requests[-1].parameters["mode"] == "tokenize"
+    strings = http.post("/tokenize", json={"model": "emb", "prompt": "héllo wörld", "return_token_strs": True}).json()
+    assert strings["token_strs"] == ["[CLS]", "héllo", "wörld", "[SEP]"] and strings["count"] == 4
+    assert fake.requests[-1].parameters == {"mode": "pieces", "add_special_tokens": True, "with_prompt": False}
+
+
 def test_tokenize_and_detokenize_go_to_the_tokenizer_stage(http, fake) -> None:
     tokens = http.post("/tokenize", json={"model": "emb", "prompt": "hello world"}).json()
-    assert tokens == {"tokens": [101, 7, 8, 102], "count": 4, "max_model_len": 16}
+    assert tokens == {"tokens": [101, 7, 8, 102], "count": 4, "max_model_len": 16, "token_strs": None}
     request = fake.requests[-1]
     assert request.model == stages("emb").tokenizer and request.parameters["mode"] == "tokenize"
     plain = http.post("/tokenize", json={"model": "emb", "prompt": "hello world", "add_special_tokens": False})

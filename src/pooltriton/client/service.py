@@ -427,15 +427,17 @@ class PoolingService:
         return [ids for result in results for ids in protocol.token_lists(result)]
 
     async def pieces(self, texts: str | Sequence[str], *, model: str | None = None, add_special_tokens: bool = True,
-                     prompt_name: str | None = None) -> list[protocol.TokenPieces]:
+                     prompt_name: str | None = None, with_prompt: bool = True) -> list[protocol.TokenPieces]:
         """Each text's tokens as the model's tokenizer stage splits it, untruncated, with the model's prompt
-        (`prompt_name`'s, else its default): ids, strings, spans (text-embeddings-inference's /tokenize)."""
+        (`prompt_name`'s, else its default; none if not `with_prompt`): ids, strings, spans
+        (text-embeddings-inference's /tokenize, vLLM's token_strs)."""
         try:
             batch = protocol.as_texts(texts)
         except ValueError as error:
             raise RequestError(str(error), "inputs") from None
         parameters = {"mode": PIECES, "add_special_tokens": add_special_tokens,
-                      **({"prompt_name": prompt_name} if prompt_name is not None else {})}
+                      **({"prompt_name": prompt_name} if prompt_name is not None else {}),
+                      **({} if with_prompt else {"with_prompt": False})}
         tokenizer = stages(self._name(model)).tokenizer
         requests = [TritonRequest(tokenizer, {TEXT: batch[start : start + self.max_batch]}, (TOKEN_PIECES,),
                                   parameters, True) for start in range(0, len(batch), self.max_batch)]

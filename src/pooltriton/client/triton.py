@@ -136,10 +136,10 @@ class AsyncPoolingClient:
         return await self.service.detokenize(tokens, model=model, skip_special_tokens=skip_special_tokens)
 
     async def pieces(self, texts: str | Sequence[str], *, model: str | None = None, add_special_tokens: bool = True,
-                     prompt_name: str | None = None) -> list[TokenPieces]:
+                     prompt_name: str | None = None, with_prompt: bool = True) -> list[TokenPieces]:
         """Each text's tokens with their strings and character spans, from the model's tokenizer stage."""
         return await self.service.pieces(texts, model=model, add_special_tokens=add_special_tokens,
-                                         prompt_name=prompt_name)
+                                         prompt_name=prompt_name, with_prompt=with_prompt)
 
     async def plugin(self, model: str, inputs: str | Sequence[str], **parameters: Any) -> list[Any]:
         """Call a plugin model (see pooltriton.core.plugins): one decoded JSON answer per input."""

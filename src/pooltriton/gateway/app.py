@@ -71,10 +71,12 @@ from pooltriton.gateway.serving import (
     base64_vector,
     check_packing,
     check_scaling,
+    check_tei_dimensions,
     cohere_encode,
     cohere_prompt,
     encode_inputs,
     sparse_values,
+    tei_cut,
     tei_error,
     tei_info,
     tei_model,
@@ -186,8 +188,8 @@ def _tei_empty(texts: Sequence[str], pairs: Sequence[str | None] | None = None) 
 
 
 async def _tei_encode(request: Request, body: TEIEmbedSparseRequest, task: str, sparse: bool = False,
-                      **options: Any) -> np.ndarray | list[np.ndarray]:
-    """text-embeddings-inference's embedding routes over the same encode."""
+                      dimensions: int | None = None) -> np.ndarray | list[np.ndarray]:
+    """text-embeddings-inference's embedding routes over the same encode (`dimensions`: /embed's cut)."""
     serving, service = _serving(request)
     texts, input_format = encode_inputs(body.inputs)
     # token ids travel as JSON lists: an empty one is "[]"
@@ -197,11 +199,12 @@ async def _tei_encode(request: Request, body: TEIEmbedSparseRequest, task: str, 
     if model.sparse and parameters["use_activation"]:
         raise APIError(424, "`normalize` is not available for SPLADE models: send \"normalize\": false for the "
                        "whole vector, or use /embed_sparse")
-    pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **parameters, **options,
+    check_tei_dimensions(dimensions, model.width)  # before the model runs, where the width is known
+    pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **parameters,
                                           **input_format), fields={"input": "inputs"})
     if isinstance(pooled.values, list):  # per token: one array per input
         return [np.ascontiguousarray(values, dtype=np.float32) for values in pooled.values]
-    return np.ascontiguousarray(pooled.values, dtype=np.float32)
+    return tei_cut(np.ascontiguousarray(pooled.values, dtype=np.float32), dimensions, parameters["use_activation"])
 
 
 @router.post("/embed")
@@ -452,9 +455,16 @@ async def tokenize(body: TokenizeRequest, request: Request):
         pieces = await serving(service.pieces(body.inputs, model=model.name, add_special_tokens=body.add_special_tokens,
                                               prompt_name=body.prompt_name))
         return JSON([tei_tokens(text) for text in pieces])
-    ids = (await serving(service.tokenize(body.prompt or "", model=model.name,
-                                          add_special_tokens=body.add_special_tokens)))[0]
-    return {"tokens": ids, "count": len(ids), "max_model_len": model.max_length}
+    if body.return_token_strs:
+        (pieces,) = await serving(service.pieces(body.prompt or "", model=model.name, with_prompt=False,
+                                                 add_special_tokens=body.add_special_tokens),
+                                  fields={"inputs": "prompt"})
+        ids, strings = pieces.ids, pieces.tokens
+    else:
+        ids = (await serving(service.tokenize(body.prompt or "", model=model.name,
+                                              add_special_tokens=body.add_special_tokens)))[0]
+        strings = None
+    return {"tokens": ids, "count": len(ids), "max_model_len": model.max_length, "token_strs": strings}
 
 
 @router.post("/detokenize")

@@ -304,6 +304,7 @@ class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str | None = None
     add_special_tokens: bool = True
+    return_token_strs: bool = False  # vLLM's: each token's string in the vocabulary too
     inputs: str | list[str] | None = None
     prompt_name: str | None = Field(None, max_length=200)
 

@@ -219,6 +219,21 @@ async def tei_model(serving: Serving, name: str | None, task: str, sparse: bool 
     return model
 
 
+def tei_cut(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
+    """text-embeddings-inference's `dimensions`: the first that many components, of any size up to the width
+    (where vLLM's routes take the model's declared Matryoshka sizes only), normalised after the cut."""
+    check_tei_dimensions(dimensions, vectors.shape[1])
+    if dimensions is None or dimensions == vectors.shape[1]:
+        return vectors
+    cut = np.ascontiguousarray(vectors[:, :dimensions])
+    return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12) if normalize else cut
+
+
+def check_tei_dimensions(dimensions: int | None, width: int | None) -> None:
+    if dimensions is not None and width is not None and dimensions > width:
+        raise APIError(400, "`dimensions` should be smaller than the maximum embedding dimension.", "dimensions")
+
+
 # text-embeddings-inference's names for a pooling (its Pool) and for a precision (its dtype).
 TEI_POOLING = {"CLS": "cls", "MEAN": "mean", "LAST": "last_token", "SPLADE_MAX": "splade", "SPLADE_SUM": "splade"}
 TEI_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}

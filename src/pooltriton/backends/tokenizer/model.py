@@ -8,7 +8,7 @@ ACTIVATE for an embed encoder, which normalises in its graph. Admission by work:
 could not clear the encoder within its queue timeout, behind the work queued there, is refused at once
 (UNAVAILABLE, retryable; backends.workboard). Called on its own,
 "mode" "tokenize" (with "add_special_tokens") returns a text's ids untruncated, "pieces" (with
-"add_special_tokens" and "prompt_name") TOKEN_PIECES: each text's tokens with their strings and spans, and
+"add_special_tokens", "prompt_name", "with_prompt") TOKEN_PIECES: each text's tokens with their strings and spans, and
 "detokenize" (TEXT items are JSON lists of ids, optional "skip_special_tokens") returns DETOKENIZED texts.
 """
 
@@ -96,8 +96,8 @@ class TritonPythonModel:
                 if mode == DETOKENIZE:
                     parsed.append(self._detokenize(texts, parameters))
                     continue
-                if mode == PIECES:
-                    prompt = self._prompt(parameters.get("prompt_name"))
+                if mode == PIECES:  # with the model's prompt unless "with_prompt" is false (vLLM's /tokenize)
+                    prompt = self._prompt(parameters.get("prompt_name")) if parameters.get("with_prompt", True) else ""
                     parsed.append(self._pieces([prompt + t for t in texts],
                                                bool(parameters.get("add_special_tokens", True))))
                     continue
