@@ -34,6 +34,10 @@ TEI_ERROR_SCHEMA = {"type": "object", "required": ["error", "error_type"], "prop
     "error_type": {"enum": ["Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"]}}}
 
 
+# text-embeddings-inference's side to cut an over-long text from (its --auto-truncate default: the end).
+TruncationDirection = Literal["Right", "right", "Left", "left"]
+
+
 class Options(BaseModel):
     """Options every route shares (vLLM's names)."""
 
@@ -166,7 +170,7 @@ class RerankRequest(ClassifyAliases):
     raw_scores: bool = False
     return_text: bool = False
     truncate: bool | None = None
-    truncation_direction: Literal["Right", "right", "Left", "left"] = "Right"
+    truncation_direction: TruncationDirection = "Right"
 
     @model_validator(mode="after")
     def _one_list(self) -> RerankRequest:
@@ -201,7 +205,7 @@ class TEIOptions(BaseModel):
     model: str | None = None
     # TEI truncates where a request does not say (its --auto-truncate default), at the end (Right) or start.
     truncate: bool | None = None
-    truncation_direction: Literal["Right", "right", "Left", "left"] = "Right"
+    truncation_direction: TruncationDirection = "Right"
     priority: int = Field(0, ge=-1000, le=1000)
 
     def parameters(self) -> dict[str, Any]:
@@ -241,7 +245,7 @@ class TEISimilarityInput(BaseModel):
 
 class TEISimilarityParameters(BaseModel):
     truncate: bool | None = None
-    truncation_direction: Literal["Right", "right", "Left", "left"] = "Right"
+    truncation_direction: TruncationDirection = "Right"
     prompt_name: str | None = Field(None, max_length=200)
 
 
