@@ -69,6 +69,27 @@ def test_cohere_embed_types(http, http_client) -> None:
     assert body["meta"]["billed_units"]["input_tokens"] == 4
 
 
+def test_cohere_sdk_v1_and_v2_embed_and_rerank(gateway, http_client) -> None:
+    """Cohere's own SDK against the gateway: Client (v1: /v1/embed, /v1/rerank) and ClientV2 (/v2/...)."""
+    import cohere
+
+    texts, query = ["A man is eating food.", "A monkey plays drums."], "Someone eats."
+    expected, scores = http_client.embed(texts), http_client.score(query, texts)
+    v1 = cohere.Client(base_url=gateway, api_key=API_KEY)
+    floats = v1.embed(texts=texts, model="minilm", input_type="search_document")
+    assert floats.response_type == "embeddings_floats" and np.abs(np.array(floats.embeddings) - expected).max() <= 1e-6
+    typed = v1.embed(texts=texts, model="minilm", embedding_types=["float", "int8"])
+    assert np.abs(np.array(typed.embeddings.float_) - expected).max() <= 1e-6
+    assert typed.embeddings.int8 == np.clip(np.round(expected * 127), -128, 127).astype(int).tolist()
+    v2 = cohere.ClientV2(base_url=gateway, api_key=API_KEY)
+    both = v2.embed(texts=texts, model="minilm", input_type="search_query", embedding_types=["float"])
+    assert np.abs(np.array(both.embeddings.float_) - expected).max() <= 1e-6
+    for client in (v1, v2):
+        ranked = client.rerank(model="minilm", query=query, documents=texts, top_n=2)
+        assert [r.index for r in ranked.results] == list(np.argsort(-scores))
+        assert np.abs(np.array([r.relevance_score for r in ranked.results]) - np.sort(scores)[::-1]).max() <= 1e-6
+
+
 def test_text_embeddings_inference_embed(http, http_client) -> None:
     """TEI's /embed: [[float]] as the served model gives it; normalize false is the pooled vector before
     MiniLM's Normalize (not unit, same direction); too long a text is cut at the end as TEI cuts it."""

@@ -161,6 +161,15 @@ def test_matryoshka_cohere_and_classify(http) -> None:
     assert classified["data"][0]["label"] == "yes" and classified["usage"]["prompt_tokens"] == _words("abc")
 
 
+def test_cohere_v1_embed_answers_plain_floats_unless_types_are_asked(http, fake) -> None:
+    floats = http.post("/v1/embed", json={"model": "emb", "texts": ["abc"], "input_type": "search_query"}).json()
+    assert floats["response_type"] == "embeddings_floats" and floats["embeddings"] == [[3, 4, 5, 6]]
+    assert floats["meta"]["api_version"] == {"version": "1"} and fake.requests[-1].parameters["prompt_name"] == "query"
+    body = {"model": "emb", "texts": ["abc"], "embedding_types": ["float", "base64"]}
+    typed = http.post("/v1/embed", json=body).json()
+    assert typed["response_type"] == "embeddings_by_type" and set(typed["embeddings"]) == {"float", "base64"}
+
+
 def test_a_size_the_model_cannot_give_is_refused_before_it_runs(http, fake) -> None:
     """The ensemble's output dims say the width: an undeclared Matryoshka size, or a binary type over a
     width not divisible by 8, costs no inference; Cohere's errors name Cohere's field."""

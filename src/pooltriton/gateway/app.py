@@ -7,10 +7,10 @@ the one the clients use), split as vLLM splits its entrypoints: request bodies i
 and encodings in `serving`, the routes here. It knows only what Triton tells it (model configs; token
 counts come back with every answer), so it needs no access to the model repository's files. Every
 served pooling model (an ensemble whose config names its task) is served:
-/v1/embeddings (OpenAI), /v2/embed (Cohere), /, /info, /embed, /embed_all, /embed_sparse, /predict, /similarity
-and /decode (text-embeddings-inference),
-/classify, /score and /v1/score, /rerank, /v1/rerank, /v2/rerank, /pooling, /tokenize, /detokenize,
-/invocations, /v1/models, /health, /metrics. Errors use OpenAI's shape, {"error": {"message", "type", "param", "code"}},
+/v1/embeddings (OpenAI), /v2/embed and /v1/embed (Cohere), /, /info, /embed, /embed_all, /embed_sparse,
+/predict, /similarity and /decode (text-embeddings-inference), /classify, /score and /v1/score, /rerank,
+/v1/rerank, /v2/rerank, /pooling, /tokenize, /detokenize, /invocations (SageMaker), /v1/models, /health,
+/metrics. Errors use OpenAI's shape, {"error": {"message", "type", "param", "code"}},
 except on TEI's routes, which answer in TEI's: {"error", "error_type"}.
 """
 
@@ -50,6 +50,7 @@ from pooltriton.gateway.protocol import (
     APIError,
     ClassifyRequest,
     CohereEmbedRequest,
+    CohereEmbedV1Request,
     DetokenizeRequest,
     EmbeddingRequest,
     PoolingRequest,
@@ -157,6 +158,25 @@ async def embeddings(body: EmbeddingRequest, request: Request):
 
 @router.post("/v2/embed")
 async def cohere_embed(body: CohereEmbedRequest, request: Request):
+    embeddings, tokens = await _cohere_embed(body, request, body.embedding_types)
+    return JSON({"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": body.texts,
+                 "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}},
+                 "response_type": "embeddings_by_type"})
+
+
+@router.post("/v1/embed")
+async def cohere_embed_v1(body: CohereEmbedV1Request, request: Request):
+    """Cohere's v1 embed (its SDK's `Client`): float vectors alone unless `embedding_types` asks for types."""
+    embeddings, tokens = await _cohere_embed(body, request, body.embedding_types or ["float"])
+    by_type = body.embedding_types is not None
+    meta = {"api_version": {"version": "1"}, "billed_units": {"input_tokens": tokens}}
+    return JSON({"id": str(uuid.uuid4()), "embeddings": embeddings if by_type else embeddings["float"],
+                 "texts": body.texts, "meta": meta,
+                 "response_type": "embeddings_by_type" if by_type else "embeddings_floats"})
+
+
+async def _cohere_embed(body: CohereEmbedRequest, request: Request, kinds: Sequence[str]) -> tuple[dict, int]:
+    """Cohere's embed, both versions: each type's encoding of the vectors, and the tokens read."""
     serving, service = _serving(request)
     model = await serving.model(body.model, "embed")
     prompt = cohere_prompt(model, body.input_type)
@@ -164,17 +184,13 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request):
         check_dimensions(model, body.output_dimension)
     except ValueError as error:
         raise APIError(400, str(error), "output_dimension") from None
-    check_packing(body.embedding_types, body.output_dimension or model.width)
-    check_scaling(body.embedding_types, model)
+    check_packing(kinds, body.output_dimension or model.width)
+    check_scaling(kinds, model)
     pooled = await serving(service.encode(body.texts, model=model.name, priority=body.priority,
                                           dimensions=body.output_dimension, **body.parameters(),
                                           **({"prompt_name": prompt} if prompt else {})),
                            fields={"dimensions": "output_dimension", "input": "texts"})
-    vectors = pooled.values
-    embeddings = {kind: cohere_encode(vectors, kind) for kind in dict.fromkeys(body.embedding_types)}
-    return JSON({"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": body.texts,
-                 "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": pooled.tokens}},
-                 "response_type": "embeddings_by_type"})
+    return {kind: cohere_encode(pooled.values, kind) for kind in dict.fromkeys(kinds)}, pooled.tokens
 
 
 # text-embeddings-inference's routes: their bodies and answers are TEI's, and so are their errors.

@@ -104,12 +104,15 @@ class EmbeddingRequest(EmbedAliases):
         return parameters
 
 
+CohereType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]  # Cohere's embedding types
+
+
 class CohereEmbedRequest(BaseModel):
     model: str | None = None
     texts: list[str]
     # Picks one of the model's prompts by name (gateway.serving.cohere_prompt); else not used.
     input_type: str | None = Field(None, max_length=200)
-    embedding_types: list[Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]] = ["float"]
+    embedding_types: list[CohereType] = ["float"]
     output_dimension: int | None = Field(None, gt=0)
     truncate: Literal["NONE", "START", "END"] = "END"
     max_tokens: int | None = Field(None, gt=0)  # NONE: longer texts refused; START/END: cut to it
@@ -120,6 +123,12 @@ class CohereEmbedRequest(BaseModel):
         if self.max_tokens is not None:
             parameters["max_tokens"] = self.max_tokens
         return parameters
+
+
+class CohereEmbedV1Request(CohereEmbedRequest):
+    """Cohere's v1 body: without `embedding_types`, the answer is v1's plain float vectors."""
+
+    embedding_types: list[CohereType] | None = None  # type: ignore[assignment]
 
 
 class ClassifyRequest(ClassifyAliases):
