@@ -84,8 +84,8 @@ def test_cohere_sdk_v1_and_v2_embed_and_rerank(gateway, http_client) -> None:
     v2 = cohere.ClientV2(base_url=gateway, api_key=API_KEY)
     both = v2.embed(texts=texts, model="minilm", input_type="search_query", embedding_types=["float"])
     assert np.abs(np.array(both.embeddings.float_) - expected).max() <= 1e-6
-    for client in (v1, v2):
-        ranked = client.rerank(model="minilm", query=query, documents=texts, top_n=2)
+    for client, documents in ((v1, texts), (v1, [{"text": text} for text in texts]), (v2, texts)):
+        ranked = client.rerank(model="minilm", query=query, documents=documents, top_n=2)
         assert [r.index for r in ranked.results] == list(np.argsort(-scores))
         assert np.abs(np.array([r.relevance_score for r in ranked.results]) - np.sort(scores)[::-1]).max() <= 1e-6
 

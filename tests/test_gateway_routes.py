@@ -373,7 +373,11 @@ def test_invocations_routes_vllms_bodies_then_text_embeddings_inferences(http, f
     assert post({"model": "emb", "inputs": "abc"}) == [[3, 4, 5, 6]]  # TEI's /embed
     assert post({"model": "cls", "inputs": ["abc", "de"]})[0]["label"] == "yes"  # TEI's pair on /predict
     refused = http.post("/invocations", json={"model": "emb"})
-    assert refused.status_code == 400 and "inputs" in refused.json()["error"]["message"], refused.text
+    assert refused.status_code == 400 and "takes one of EmbeddingRequest, RerankRequest, ScoreRequest, " \
+        "PoolingRequest (vLLM's), or text-embeddings-inference's (`inputs`)" in refused.json()["error"]["message"]
+    typo = http.post("/invocations", json={"model": "emb", "input": 5})  # vLLM's body, wrong: not TEI's error
+    assert typo.status_code == 400 and "no handler for this body" in typo.json()["error"]["message"]
+    assert http.post("/invocations", json={"model": "emb", "inputs": 5}).status_code == 400  # TEI's, wrong
     assert http.post("/invocations", json={"model": "nope", "input": "a"}).status_code == 404
 
 
@@ -383,6 +387,8 @@ def test_rerank_and_score_carry_documents_and_usage(http, fake) -> None:
     assert [r["document"]["text"] for r in body["results"]] == ["short", "mid doc", "a long document"]
     assert body["usage"]["prompt_tokens"] == sum(map(_words, ["q", *documents]))
     assert fake.requests[-1].model == stages("emb").score and not fake.requests[-1].batched
+    objects = http.post("/v1/rerank", json={"model": "emb", "query": "q", "documents": [{"text": "short"}, "mid doc"]})
+    assert [r["document"]["text"] for r in objects.json()["results"]] == ["short", "mid doc"]  # Cohere v1's objects
     bare = http.post("/v2/rerank", json={"model": "emb", "query": "q", "documents": documents, "top_n": 1,
                                          "return_documents": False}).json()
     assert len(bare["results"]) == 1 and "document" not in bare["results"][0]
@@ -415,12 +421,15 @@ def test_tokenize_takes_text_embeddings_inferences_body_and_answers_in_its_shape
                                         "prompt_name": "query"}).json()
     assert [[token["text"] for token in tokens] for tokens in both] == [["query:", "a"], ["query:", "b", "c"]]
     assert both[1][2]["start"] == len("query: b ") and fake.requests[-1].parameters["prompt_name"] == "query"
-    for body, message in (({"model": "emb", "inputs": []}, "`inputs` cannot be empty"),
-                          ({"model": "emb", "inputs": ["a", ""]}, "`inputs` cannot be empty"),
-                          ({"model": "emb", "inputs": "a", "prompt": "a"}, "not both"),
-                          ({"model": "emb"}, "not both")):
+    for body in ({"model": "emb", "inputs": []}, {"model": "emb", "inputs": ["a", ""]}):  # TEI's error for its body
         refused = http.post("/tokenize", json=body)
-        assert refused.status_code == 400 and message in refused.json()["error"]["message"], refused.text
+        assert refused.status_code == 400, refused.text
+        assert refused.json() == {"error": "`inputs` cannot be empty", "error_type": "Empty"}
+    for body in ({"model": "emb", "inputs": "a", "prompt": "a"}, {"model": "emb"}):  # which API: not known
+        refused = http.post("/tokenize", json=body)
+        assert refused.status_code == 400 and "send one of prompt" in refused.json()["error"]["message"], refused.text
+    tei_rerank = http.post("/rerank", json={"model": "cls", "query": "q", "texts": ["a"]})  # not a scorer
+    assert tei_rerank.status_code == 422 and tei_rerank.json()["error_type"] == "Validation", tei_rerank.text
 
 
 def test_tokenize_returns_token_strings_without_the_prompt_when_asked_as_vllm(http, fake) -> None:

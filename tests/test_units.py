@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pooltriton.backends.ragged import MemoryModel, RaggedStats, plan_chunks, run_ragged, sequentially
+from pooltriton.client.service import Overloaded, RequestError, WrongTask
 from pooltriton.contract.config import DynamicBatching, ModelConfig, Tensor, repository_models
 from pooltriton.contract.parameters import (
     STAGE_PARAMETERS,
@@ -370,11 +371,17 @@ def test_the_service_errors_survive_pickling() -> None:
     """Workers in other processes (multiprocessing, Ray, Celery) get the same error back, fields and all."""
     import pickle
 
-    from pooltriton.client.service import Overloaded, RequestError, WrongTask
     from pooltriton.contract.requests import ModelInfo
 
     model = ModelInfo(name="m", task="classify", outputs=("PROBABILITIES",), labels=("a", "b"))
-    for error in (RequestError("too long", "input"), WrongTask(model, "embed"), Overloaded("busy", 3)):
+    noted = Overloaded("busy", 3)
+    noted.add_note("queue of 12 s")
+    for error in (RequestError("too long", "input"), WrongTask(model, "embed"), noted, TooLong(9)):
         copy = pickle.loads(pickle.dumps(error))
-        assert type(copy) is type(error) and str(copy) == str(error)
+        assert type(copy) is type(error) and str(copy) == str(error) and copy.args == error.args
         assert vars(copy) == vars(error)
+
+
+class TooLong(RequestError):  # a subclass with an __init__ of its own, pickled by reference
+    def __init__(self, tokens: int) -> None:
+        super().__init__(f"{tokens} tokens", "input")

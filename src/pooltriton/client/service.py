@@ -50,6 +50,7 @@ from pooltriton.contract.requests import RETRIES, ModelInfo, TritonRequest, mode
 
 DEFAULT_URLS = {"http": "localhost:8000", "grpc": "localhost:8001"}
 T = TypeVar("T")
+E = TypeVar("E", bound=BaseException)
 
 
 class RequestError(ValueError):
@@ -59,10 +60,8 @@ class RequestError(ValueError):
         super().__init__(message)
         self.param = param
 
-    # The service's errors cross process boundaries whole (multiprocessing, Ray, Celery pickle them): each
-    # rebuilds from its own arguments, which the exception's `args` (the message alone) would not give.
     def __reduce__(self) -> tuple:
-        return type(self), (str(self), self.param)
+        return _rebuilt, (type(self), self.args, self.__dict__)
 
 
 class WrongTask(RequestError):
@@ -72,9 +71,6 @@ class WrongTask(RequestError):
         super().__init__(f"model {model.name!r} serves task {model.task!r}, not {task!r} (one task per model)",
                          "model")
         self.model, self.task = model, task
-
-    def __reduce__(self) -> tuple:
-        return type(self), (self.model, self.task)
 
 
 def check_task(model: ModelInfo, task: str | None) -> None:
@@ -97,7 +93,17 @@ class Overloaded(Exception):
         self.retry_after_s = retry_after_s
 
     def __reduce__(self) -> tuple:
-        return type(self), (str(self), self.retry_after_s)
+        return _rebuilt, (type(self), self.args, self.__dict__)
+
+
+def _rebuilt(kind: type[E], args: tuple, state: dict) -> E:
+    """An error unpickled whole, fields and notes too, whatever its class's __init__ takes: the service's
+    errors cross process boundaries (multiprocessing, Ray and Celery pickle them), where the default would
+    call __init__ with `args`, the message alone."""
+    error = kind.__new__(kind)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 @dataclass(frozen=True)

@@ -291,6 +291,16 @@ async def tei_health(request: Request):
     return {"status": "ok"}
 
 
+def _answer_as_tei(request: Request) -> None:
+    """A text-embeddings-inference body on a path it shares with vLLM (/rerank, /tokenize): its errors in
+    TEI's shape too."""
+    request.state.tei = True
+
+
+def _tei_shaped(request: Request) -> bool:
+    return request.url.path in TEI_ROUTES or getattr(request.state, "tei", False)
+
+
 async def _json_body(request: Request) -> Any:
     """The body of a route that reads it itself (it takes several shapes)."""
     try:
@@ -390,6 +400,8 @@ async def score_route(body: ScoreRequest, request: Request):
 
 
 async def rerank_route(body: RerankRequest, request: Request):
+    if body.tei:
+        _answer_as_tei(request)
     serving, service = _serving(request)
     model = await serving.model(body.model)
     ranked = await serving(service.rerank(body.query, body.candidates(), model=model.name, top_n=body.top_n or None,
@@ -449,25 +461,31 @@ async def invocations(request: Request, model: str | None = None):
     served = await _serving(request)[0].model(name if isinstance(name, str) else model)
     if isinstance(body, dict) and name is None:
         body = {**body, "model": served.name}
-    for kind, route, serves in INVOCATIONS:
-        if serves(served):
-            try:
-                parsed = kind.model_validate(body)
-            except ValidationError:
-                continue
-            return await route(parsed, request)
-    return await tei_default(request, served.name)
+    candidates = [(kind, route) for kind, route, serves in INVOCATIONS if serves(served)]
+    for kind, route in candidates:
+        try:
+            parsed = kind.model_validate(body)
+        except ValidationError:
+            continue
+        return await route(parsed, request)
+    if isinstance(body, dict) and "inputs" in body:  # text-embeddings-inference's bodies all carry `inputs`
+        return await tei_default(request, served.name)
+    expected = ", ".join(kind.__name__ for kind, _ in candidates)
+    raise APIError(400, f"no handler for this body: model {served.name!r} takes one of {expected} (vLLM's), "
+                   "or text-embeddings-inference's (`inputs`)")
 
 
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, request: Request):
     """The model's own tokenizer stage, untruncated: vLLM's /tokenize, or for text-embeddings-inference's
     body (`inputs`) its answer, [[{id, text, special, start, stop}]] per input."""
+    if body.inputs is not None:
+        _answer_as_tei(request)
     serving, service = _serving(request)
     model = await serving.model(body.model)
     if body.inputs is not None:
         if not body.inputs or "" in ([body.inputs] if isinstance(body.inputs, str) else body.inputs):
-            raise APIError(400, "`inputs` cannot be empty", "inputs")  # TEI tokenizes no empty text
+            raise APIError(400, "`inputs` cannot be empty", "inputs", kind="Empty")  # TEI tokenizes no empty text
         pieces = await serving(service.pieces(body.inputs, model=model.name, add_special_tokens=body.add_special_tokens,
                                               prompt_name=body.prompt_name))
         return JSON([tei_tokens(text) for text in pieces])
@@ -549,7 +567,7 @@ def _middlewares(app: FastAPI, api_key: str | None, observed: GatewayMetrics) ->
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, error: APIError):
-        if request.url.path in TEI_ROUTES:  # text-embeddings-inference's shape on its routes
+        if _tei_shaped(request):  # text-embeddings-inference's shape on its routes and for its bodies
             return tei_error(error)
         headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else None
         return JSONResponse(error_body(error.status, error.message, error.kind, error.param), status_code=error.status,

@@ -167,12 +167,18 @@ class ScoreRequest(ClassifyAliases):
 SCORE_PAIRS = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2"))
 
 
+class CohereDocument(BaseModel):
+    """Cohere's v1 rerank takes a document as an object; its `text` is what is ranked."""
+
+    text: str
+
+
 class RerankRequest(ClassifyAliases):
     """vLLM's (Cohere's, Jina's) body, or on the same path text-embeddings-inference's: `texts` instead of
     `documents` (with `raw_scores`, `return_text`, `truncate`, `truncation_direction`), answered in its shape."""
 
     query: str
-    documents: list[str] | None = None
+    documents: list[str | CohereDocument] | None = None
     top_n: int | None = Field(None, ge=0)  # vLLM's default 0: every document
     return_documents: bool = True
     texts: list[str] | None = None
@@ -192,7 +198,9 @@ class RerankRequest(ClassifyAliases):
         return self.texts is not None
 
     def candidates(self) -> list[str]:
-        return self.texts if self.texts is not None else self.documents or []
+        if self.texts is not None:
+            return self.texts
+        return [document if isinstance(document, str) else document.text for document in self.documents or []]
 
     def parameters(self) -> dict[str, Any]:
         if not self.tei:
@@ -324,7 +332,7 @@ class TokenizeRequest(BaseModel):
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.inputs is None):
-            raise ValueError("send prompt (or inputs, text-embeddings-inference's name), not both")
+            raise ValueError("send one of prompt (vLLM's) and inputs (text-embeddings-inference's)")
         return self
 
 
