@@ -65,7 +65,8 @@ class RequestError(ValueError):
 
 
 class WrongTask(RequestError):
-    """The model serves another task (one task per model, as in vLLM); `model` says which it serves."""
+    """The model serves another task (one task per model, as in vLLM): `model` says which it serves, `task`
+    which was asked."""
 
     def __init__(self, model: ModelInfo, task: str) -> None:
         super().__init__(f"model {model.name!r} serves task {model.task!r}, not {task!r} (one task per model)",
@@ -424,12 +425,8 @@ class PoolingService:
             batch = protocol.as_texts(texts)
         except ValueError as error:
             raise RequestError(str(error), "prompt") from None
-        tokenizer = stages(self._name(model)).tokenizer
-        requests = [TritonRequest(tokenizer, {TEXT: batch[start : start + self.max_batch]},
-                                  (INPUT_IDS, ATTENTION_MASK),
-                                  {"mode": TOKENIZE, "add_special_tokens": add_special_tokens}, True)
-                    for start in range(0, len(batch), self.max_batch)]
-        results = await asyncio.gather(*(self.transport.infer(r) for r in requests))
+        results = await self._tokenizer_calls(model, batch, (INPUT_IDS, ATTENTION_MASK),
+                                              {"mode": TOKENIZE, "add_special_tokens": add_special_tokens})
         return [ids for result in results for ids in protocol.token_lists(result)]
 
     async def pieces(self, texts: str | Sequence[str], *, model: str | None = None, add_special_tokens: bool = True,
@@ -444,10 +441,7 @@ class PoolingService:
         parameters = {"mode": PIECES, "add_special_tokens": add_special_tokens,
                       **({"prompt_name": prompt_name} if prompt_name is not None else {}),
                       **({} if with_prompt else {"with_prompt": False})}
-        tokenizer = stages(self._name(model)).tokenizer
-        requests = [TritonRequest(tokenizer, {TEXT: batch[start : start + self.max_batch]}, (TOKEN_PIECES,),
-                                  parameters, True) for start in range(0, len(batch), self.max_batch)]
-        results = await asyncio.gather(*(self.transport.infer(r) for r in requests))
+        results = await self._tokenizer_calls(model, batch, (TOKEN_PIECES,), parameters)
         return [protocol.TokenPieces.from_json(raw) for result in results for raw in result[TOKEN_PIECES].reshape(-1)]
 
     async def detokenize(self, tokens: Sequence[int], *, model: str | None = None,
@@ -457,13 +451,17 @@ class PoolingService:
     async def detokenize_rows(self, rows: Sequence[Sequence[int]], *, model: str | None = None,
                               skip_special_tokens: bool = False) -> list[str]:
         """One text per row of ids, in requests of at most `max_batch` rows."""
-        tokenizer = stages(self._name(model)).tokenizer
-        texts = [json.dumps(list(row)) for row in rows]
-        requests = [TritonRequest(tokenizer, {TEXT: texts[start : start + self.max_batch]}, (DETOKENIZED,),
-                                  {"mode": DETOKENIZE, "skip_special_tokens": skip_special_tokens}, True)
-                    for start in range(0, len(texts), self.max_batch)]
-        results = await asyncio.gather(*(self.transport.infer(r) for r in requests))
+        results = await self._tokenizer_calls(model, [json.dumps(list(row)) for row in rows], (DETOKENIZED,),
+                                              {"mode": DETOKENIZE, "skip_special_tokens": skip_special_tokens})
         return [raw.decode("utf-8") for result in results for raw in result[DETOKENIZED].reshape(-1)]
+
+    async def _tokenizer_calls(self, model: str | None, texts: Sequence[str], outputs: tuple[str, ...],
+                               parameters: dict[str, Any]) -> list[dict[str, np.ndarray]]:
+        """The model's tokenizer stage over `texts` in requests of at most `max_batch`, results in order."""
+        tokenizer = stages(self._name(model)).tokenizer
+        requests = [TritonRequest(tokenizer, {TEXT: list(texts[start : start + self.max_batch])}, outputs,
+                                  parameters, True) for start in range(0, len(texts), self.max_batch)]
+        return list(await asyncio.gather(*(self.transport.infer(r) for r in requests)))
 
     async def plugin(self, model: str, inputs: str | Sequence[str], **parameters: Any) -> list[Any]:
         """A plugin model (pooltriton.core.plugins): one decoded JSON answer per input."""

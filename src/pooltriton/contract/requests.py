@@ -29,6 +29,7 @@ from pooltriton.contract import (
 from pooltriton.contract.admission import retry_after_in
 from pooltriton.contract.config import read_parameters
 from pooltriton.contract.parameters import EnsembleParameters
+from pooltriton.core.activation import normalize
 from pooltriton.core.scoring import split_tokens
 
 # Attempts on UNAVAILABLE (server starting or restarting, queue full), with exponential backoff capped
@@ -191,7 +192,7 @@ def matryoshka(model: ModelInfo, vectors: np.ndarray, dimensions: int | None,
         activated = bool(np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3))
     if not activated:
         return cut
-    return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)
+    return normalize(cut)
 
 
 def reassemble(outputs: Sequence[str], results: Sequence[dict[str, np.ndarray]]) -> np.ndarray | list[np.ndarray]:

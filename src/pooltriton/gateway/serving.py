@@ -24,6 +24,7 @@ from pooltriton.client.service import (
 )
 from pooltriton.contract import RETRY_AFTER_S
 from pooltriton.contract.requests import TokenPieces, classify
+from pooltriton.core.activation import normalize as unit
 from pooltriton.gateway.protocol import APIError
 
 T = TypeVar("T")
@@ -226,7 +227,7 @@ def tei_cut(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.
     if dimensions is None or dimensions == vectors.shape[1]:
         return vectors
     cut = np.ascontiguousarray(vectors[:, :dimensions])
-    return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12) if normalize else cut
+    return unit(cut) if normalize else cut
 
 
 def check_tei_dimensions(dimensions: int | None, width: int | None) -> None:
