@@ -6,17 +6,21 @@ POOLTRITON_REPOSITORY / POOLTRITON_BACKENDS).
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import socket
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from pooltriton.client import PoolingClient
+from pooltriton.export.build import ExportOptions, export_model
 from pooltriton.export.defaults import minilm_path
 from pooltriton.server.assemble import assemble
 from pooltriton.server.launcher import TritonServer
@@ -35,6 +39,22 @@ def edit_config(path: Path, edit) -> None:
     config = parse_config(path)
     edit(config)
     path.write_text(text_format.MessageToString(config))
+
+
+def export_all(jobs: Sequence[tuple[Path, ExportOptions]], workers: int = 2) -> None:
+    """`export_model` over (model folder, options) in `workers` processes of one thread each. An ONNX export
+    is ~10 s of single-threaded tracing; the fixtures that export dozens of models take half the time on
+    two cores. Exports of different names into one repository are safe together (export.publish)."""
+    context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's threads
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_one_thread) as pool:
+        for future in [pool.submit(export_model, folder, options) for folder, options in jobs]:
+            future.result()
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def free_port() -> int:

@@ -21,9 +21,9 @@ from transformers import AutoModel, AutoModelForSequenceClassification, AutoMode
 from pooltriton.client import PoolingClient
 from pooltriton.core.activation import normalize, softmax
 from pooltriton.core.resolve import resolve
-from pooltriton.export.build import ExportOptions, export_model
+from pooltriton.export.build import ExportOptions
 
-from conftest import start_server
+from conftest import export_all, start_server
 from corpus import varied_texts
 
 MAX_ABS = 1e-5
@@ -75,26 +75,25 @@ def served(request, modern_root: Path, tmp_path_factory: pytest.TempPathFactory)
     on how many tokenize for it."""
     runtime = request.param
     repository = tmp_path_factory.mktemp(f"modern_{runtime}")
-    for family, head in CASES:
-        export_model(build(modern_root, family, head), ExportOptions(name=name_of(family, head), out=repository,
-                                                                     runtime=runtime, tokenizer_instances=1))
+    jobs = [(build(modern_root, family, head), ExportOptions(name=name_of(family, head), out=repository,
+                                                             runtime=runtime, tokenizer_instances=1))
+            for family, head in CASES]
     # SPLADE, saved by SparseEncoder: its max on one server, its sum on the other.
-    export_model(build_sparse(modern_root, "bert", SPLADE[runtime]), ExportOptions(
-        name="splade", out=repository, runtime=runtime, tokenizer_instances=1))
+    jobs.append((build_sparse(modern_root, "bert", SPLADE[runtime]), ExportOptions(
+        name="splade", out=repository, runtime=runtime, tokenizer_instances=1)))
     if runtime == "onnx":
-        for case in ST_CASES:
-            export_model(build_st(modern_root, *case), ExportOptions(name=st_name(*case), out=repository,
-                                                                     runtime=runtime, tokenizer_instances=1))
+        jobs += [(build_st(modern_root, *case), ExportOptions(name=st_name(*case), out=repository, runtime=runtime,
+                                                              tokenizer_instances=1)) for case in ST_CASES]
     else:
         t5 = next(case for case in ST_CASES if case[0] == "t5")  # T5 in both formats
-        export_model(build_st(modern_root, *t5), ExportOptions(name=st_name(*t5), out=repository, runtime=runtime,
-                                                              tokenizer_instances=1))
-        export_model(build_st(modern_root, "bert", "mean", prompts=True),
-                     ExportOptions(name="st_prompts", out=repository, runtime=runtime, tokenizer_instances=1))
-        for name, family, tokens in RERANKERS:
-            export_model(build(modern_root, family, "causal"), ExportOptions(
-                name=name, out=repository, runtime=runtime, classifier_from_tokens=tokens,
-                score_template=RERANK_TEMPLATE, tokenizer_instances=1))
+        jobs.append((build_st(modern_root, *t5), ExportOptions(name=st_name(*t5), out=repository, runtime=runtime,
+                                                               tokenizer_instances=1)))
+        jobs.append((build_st(modern_root, "bert", "mean", prompts=True),
+                     ExportOptions(name="st_prompts", out=repository, runtime=runtime, tokenizer_instances=1)))
+        jobs += [(build(modern_root, family, "causal"), ExportOptions(
+            name=name, out=repository, runtime=runtime, classifier_from_tokens=tokens,
+            score_template=RERANK_TEMPLATE, tokenizer_instances=1)) for name, family, tokens in RERANKERS]
+    export_all(jobs)
     # Folders that are no models (a volume's lost+found, a killed export's): Triton's own --load-model=*
     # failed to start on them; the server loads the repository's models only.
     (repository / "lost+found").mkdir()

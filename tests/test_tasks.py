@@ -26,10 +26,10 @@ from transformers import (
 
 from pooltriton.client import PoolingClient
 from pooltriton.core.activation import normalize, sigmoid, softmax
-from pooltriton.export.build import ExportOptions, export_model
+from pooltriton.export.build import ExportOptions
 from pooltriton.export.defaults import minilm_path, rampart_path
 
-from conftest import running_gateway, start_server
+from conftest import export_all, running_gateway, start_server
 from corpus import varied_texts
 
 COSINE_MIN, MAX_ABS = 0.99999, 1e-5
@@ -102,13 +102,13 @@ def folder_of(root: Path, case: Case) -> Path:
 def served(request, tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
     runtime = request.param
     repository = tmp_path_factory.mktemp(f"repo_{runtime}")
-    for case in CASES:
-        folder = folder_of(tiny_root, case)
-        export_model(folder, ExportOptions(name=case.name, out=repository, runtime=runtime,
-                                           **export_options(case, folder)))
+    folders = [(case, folder_of(tiny_root, case)) for case in CASES]
+    jobs = [(folder, ExportOptions(name=case.name, out=repository, runtime=runtime, **export_options(case, folder)))
+            for case, folder in folders]
     # Three labels: sentence-transformers saves (and applies) Identity, where vLLM's default is softmax.
-    export_model(build_cross_encoder(tiny_root, "bert", 3), ExportOptions(name="bert_cross3", out=repository,
-                                                                         runtime=runtime))
+    jobs.append((build_cross_encoder(tiny_root, "bert", 3), ExportOptions(name="bert_cross3", out=repository,
+                                                                          runtime=runtime)))
+    export_all(jobs)
     server = start_server(repository, repository / "server.log")
     client = PoolingClient(server.grpc_url, protocol="grpc")
     yield runtime, client, server, repository
