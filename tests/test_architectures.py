@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_models import MODERN, WINDOW, build, build_sparse, build_st
+from tiny_models import MODERN, WINDOW, build, build_m3, build_sparse, build_st
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
 from pooltriton.client import PoolingClient
@@ -46,6 +46,8 @@ ST_CASES = [("bert", "max", False, True), ("bert", "mean_sqrt_len_tokens", False
             ("t5", "mean", True, True)]  # sentence-t5 / GTR: T5's encoder, mean, Dense, Normalize
 
 
+# BGE-M3 as one folder exported three times: its dense embedding, its lexical weights, its ColBERT vectors.
+M3_MODELS = (("m3", None), ("m3_sparse", "token_classify"), ("m3_colbert", "token_embed"))
 # SparseEncoder's pooling strategy served by each server (see the served fixture).
 SPLADE = {"onnx": "max", "torchscript": "sum"}
 
@@ -81,6 +83,9 @@ def served(request, modern_root: Path, tmp_path_factory: pytest.TempPathFactory)
     # SPLADE, saved by SparseEncoder: its max on one server, its sum on the other.
     jobs.append((build_sparse(modern_root, "bert", SPLADE[runtime]), ExportOptions(
         name="splade", out=repository, runtime=runtime, tokenizer_instances=1)))
+    jobs += [(build_m3(modern_root), ExportOptions(name=name, out=repository, runtime=runtime, task=task,
+                                                   allow_pickle=True, tokenizer_instances=1))
+             for name, task in M3_MODELS]
     if runtime == "onnx":
         jobs += [(build_st(modern_root, *case), ExportOptions(name=st_name(*case), out=repository, runtime=runtime,
                                                               tokenizer_instances=1)) for case in ST_CASES]
@@ -169,6 +174,67 @@ def test_sentence_transformers_pipelines_served_as_sentence_transformers_encodes
     assert np.abs(raw / np.linalg.norm(raw, axis=1, keepdims=True) - unit).max() <= MAX_ABS
     if not normalize:
         assert np.abs(raw - expected).max() <= MAX_ABS
+
+
+def test_bge_m3_heads_are_resolved_from_its_files_and_loaded_only_with_allow_pickle(modern_root: Path) -> None:
+    from pooltriton.core.resolve import ResolutionError
+    from pooltriton.export.encoder import load_encoder
+
+    folder = build_m3(modern_root)
+    sparse, colbert, dense = (resolve(folder, task=task) for task in ("token_classify", "token_embed", None))
+    assert (sparse.token_head, sparse.activation.value, sparse.use_activation, sparse.num_labels,
+            sparse.drop_first, sparse.drop_last) == ("sparse_linear.pt", "relu", True, 1, 0, 2)
+    assert (colbert.token_head, colbert.activation.value, colbert.use_activation, colbert.drop_first,
+            colbert.drop_last) == ("colbert_linear.pt", "normalize", True, 0, None)
+    assert (dense.task.value, dense.pooling_type.value, dense.token_head) == ("embed", "CLS", None)
+    assert sparse.sources["token_head"] == "model-files"
+    with pytest.raises(ResolutionError, match="--allow-pickle"):
+        load_encoder(folder, sparse)
+    # An XLM-R encoder without the file has no head for a token task.
+    with pytest.raises(ResolutionError, match="no classification head"):
+        resolve(build(modern_root / "plain_xlmr", "xlmr", "embed"), task="token_classify")
+
+
+def test_bge_m3_served_as_flagembedding_encodes(served, modern_root: Path) -> None:
+    """BGEM3FlagModel (FlagEmbedding, the library BGE-M3 ships with) on the same folder: the dense vectors,
+    the lexical weights (a weight per token but <s> and </s>, relu(sparse_linear(h)); as FlagEmbedding
+    reports them, the largest per vocabulary id, specials and zeros left out) and the ColBERT vectors
+    (normalize(colbert_linear(h)) per token but <s>), as vLLM's BgeM3EmbeddingModel answers them."""
+    from FlagEmbedding import BGEM3FlagModel
+    from transformers import AutoTokenizer
+
+    folder = build_m3(modern_root)
+    model = BGEM3FlagModel(str(folder), use_fp16=False, devices="cpu")
+    expected = model.encode(
+        TEXTS, batch_size=1, return_dense=True, return_sparse=True, return_colbert_vecs=True)
+    dense = served.embed(TEXTS, model="m3")
+    assert dense.shape == expected["dense_vecs"].shape
+    assert np.abs(dense - expected["dense_vecs"]).max() <= MAX_ABS
+    weights = served.encode(TEXTS, model="m3_sparse")
+    colbert = served.encode(TEXTS, model="m3_colbert")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    left_out = {tokenizer.cls_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
+    zeros = 0
+    for index, text in enumerate(TEXTS):
+        ids = tokenizer(text)["input_ids"]
+        assert weights[index].shape == (len(ids) - 2, 1), (index, weights[index].shape)
+        ours: dict[str, float] = {}
+        for token, weight in zip(ids[1:-1], weights[index][:, 0]):
+            if token not in left_out and weight > 0:
+                ours[str(token)] = max(ours.get(str(token), 0.0), float(weight))
+        theirs = {key: float(value) for key, value in expected["lexical_weights"][index].items()}
+        assert ours and theirs
+        for key in ours.keys() | theirs.keys():
+            assert abs(ours.get(key, 0.0) - theirs.get(key, 0.0)) <= MAX_ABS, (index, key)
+        zeros += int((weights[index] == 0).sum())
+        assert colbert[index].shape == expected["colbert_vecs"][index].shape == (len(ids) - 1, dense.shape[1])
+        assert np.abs(colbert[index] - expected["colbert_vecs"][index]).max() <= MAX_ABS, index
+    assert zeros > 0  # the relu is applied (and some weights are positive, above)
+    # Its late interaction: ColBERT's MaxSim sum (vLLM's), FlagEmbedding's colbert_score times the query's tokens.
+    query = expected["colbert_vecs"][0]
+    scores = served.score(TEXTS[0], TEXTS[1:5], model="m3_colbert")
+    wanted = [float(model.colbert_score(query, document)) * len(query) for document in expected["colbert_vecs"][1:5]]
+    assert np.abs(np.asarray(scores) - wanted).max() <= MAX_ABS * len(query), (scores, wanted)
 
 
 def test_a_splade_model_is_served_as_sentence_transformers_sparse_encoder_encodes(served, modern_root: Path) -> None:

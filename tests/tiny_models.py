@@ -305,3 +305,21 @@ def build_cross_encoder(root: Path, family: str, num_labels: int) -> Path:
     if not (folder / "modules.json").is_file():
         CrossEncoder(str(build(root, family, "classify", num_labels=num_labels)), device="cpu").save(str(folder))
     return folder
+
+
+def build_m3(root: Path) -> Path:
+    """A BGE-M3-shaped folder: the tiny XLM-R encoder, CLS pooling and Normalize (its dense embedding), and
+    FlagEmbedding's two head files beside it, saved by torch: sparse_linear.pt (hidden -> 1, its lexical
+    weights) and colbert_linear.pt (hidden -> hidden, its ColBERT vectors)."""
+    folder = build(root / "bge_m3", "xlmr", "embed", sentence_transformers_pooling="cls_token")
+    if not (folder / "colbert_linear.pt").is_file():
+        # As long as its positions reach (BGE-M3's: 8,192), where build's sentence-transformers config says 64.
+        (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128}))
+        hidden = json.loads((folder / "config.json").read_text())["hidden_size"]
+        torch.manual_seed(11)
+        sparse = torch.nn.Linear(hidden, 1)
+        with torch.no_grad():
+            sparse.bias.fill_(0.2)  # some tokens weigh more than 0 after the relu, some not
+        torch.save(sparse.state_dict(), folder / "sparse_linear.pt")
+        torch.save(torch.nn.Linear(hidden, hidden).state_dict(), folder / "colbert_linear.pt")
+    return folder

@@ -95,6 +95,10 @@ class PoolerParameters(StageParameters):
     activation: str
     use_activation: bool = True
     step_tag_id: int | None = None
+    # A text's first real token is not answered where it is this id, nor its last where it is drop_last
+    # (BGE-M3's token outputs leave out <s>, and its lexical weights </s> too).
+    drop_first: int | None = None
+    drop_last: int | None = None
 
 
 @dataclass(frozen=True)

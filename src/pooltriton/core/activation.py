@@ -28,11 +28,16 @@ def identity(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0)
+
+
 ACTIVATIONS: dict[Activation, Callable[[np.ndarray], np.ndarray]] = {
     Activation.NORMALIZE: normalize,
     Activation.SOFTMAX: softmax,
     Activation.SIGMOID: sigmoid,
     Activation.IDENTITY: identity,
+    Activation.RELU: relu,
 }
 
 

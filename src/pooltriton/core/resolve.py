@@ -18,6 +18,12 @@ SENTENCE_TRANSFORMERS = "sentence-transformers"
 HF_CONFIG = "hf-config"
 ARCHITECTURE = "architecture"
 TASK_DEFAULT = "task-default"
+MODEL_FILES = "model-files"  # a file of the model folder decided it (BGE-M3's heads)
+
+# BGE-M3's token heads (FlagEmbedding's files beside the XLM-R weights; vLLM's BgeM3EmbeddingModel): its
+# lexical weights relu(sparse_linear(h)) for every token but <s> and </s>, and its ColBERT vectors
+# normalize(colbert_linear(h)) for every token but <s>. Its dense embedding is the folder's CLS pipeline.
+M3_HEADS = {Task.TOKEN_CLASSIFY: "sparse_linear.pt", Task.TOKEN_EMBED: "colbert_linear.pt"}
 
 # Model facts, decided here once and carried in the resolved configuration (the encoder wrapper reads
 # them from there): which families are decoders (causal mask, LAST pooling), which encoders pool the
@@ -110,6 +116,11 @@ class PoolerConfig:
     default_prompt_name: str | None = None
     self_pooling_head: bool = False  # a classifier whose head pools (the graph runs it whole)
     text_encoder: bool = False  # an encoder-decoder embedding from its encoder alone (TEXT_ENCODER_MODEL_TYPES)
+    # A linear head of the folder's own (a file of torch tensors, M3_HEADS) on every token's hidden state, and
+    # the ids of a text's first / last token left out of the answer (PoolerParameters.drop_first / drop_last).
+    token_head: str | None = None
+    drop_first: int | None = None
+    drop_last: int | None = None
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -318,13 +329,26 @@ def resolve(
             raise ResolutionError("classifier tokens make a classify model; other tasks cannot be asked with them")
         convert, sources["classifier_tokens"] = "classify", EXPLICIT
 
-    resolved_task = _resolve_task(architecture, task, convert, pooling_type, returned_token_ids, sources)
+    m3 = _m3_head(files, task, pooling_type, step_tag_id, returned_token_ids)
+    if m3:
+        resolved_task, sources["task"] = Task(task), EXPLICIT
+        sources["token_head"] = MODEL_FILES
+    else:
+        resolved_task = _resolve_task(architecture, task, convert, pooling_type, returned_token_ids, sources)
     resolved_pooling = _resolve_pooling(files, resolved_task, pooling_type, sources)
     if resolved_pooling is PoolingType.STEP and not (returned_token_ids or step_tag_id is not None):
         raise ResolutionError("STEP pooling needs returned_token_ids or step_tag_id")
-    num_labels, labels = _resolve_labels(files, resolved_task, classifier_tokens, returned_token_ids)
-    activation, use_activation = _resolve_activation(files, resolved_task, num_labels, use_activation,
-                                                     classifier_tokens is not None, resolved_pooling.sparse, sources)
+    if m3:  # FlagEmbedding's: one weight per token (relu), ColBERT vectors normalised
+        num_labels, labels = (1, ("weight",)) if resolved_task is Task.TOKEN_CLASSIFY else (None, None)
+        activation = Activation.RELU if resolved_task is Task.TOKEN_CLASSIFY else Activation.NORMALIZE
+        sources["activation"] = MODEL_FILES
+        use_activation, sources["use_activation"] = ((True, MODEL_FILES) if use_activation is None
+                                                     else (use_activation, EXPLICIT))
+    else:
+        num_labels, labels = _resolve_labels(files, resolved_task, classifier_tokens, returned_token_ids)
+        activation, use_activation = _resolve_activation(files, resolved_task, num_labels, use_activation,
+                                                         classifier_tokens is not None, resolved_pooling.sparse,
+                                                         sources)
     dense_layers = st_dense_layers(files) if resolved_task is Task.EMBED else ()
     if resolved_pooling.sparse and dense_layers:
         raise ResolutionError("a Dense module after SPLADE pooling is not supported")
@@ -349,8 +373,24 @@ def resolve(
         **_prompts(files, resolved_task),
         self_pooling_head=resolved_task is Task.CLASSIFY and model_type in SELF_POOLING_HEAD_MODEL_TYPES,
         text_encoder=model_type in TEXT_ENCODER_MODEL_TYPES,
+        token_head=M3_HEADS[resolved_task] if m3 else None,
+        drop_first=files.hf.get("bos_token_id") if m3 else None,
+        drop_last=files.hf.get("eos_token_id") if m3 and resolved_task is Task.TOKEN_CLASSIFY else None,
         sources=sources,
     )
+
+
+def _m3_head(files: ModelFiles, task: Task | str | None, pooling_type: PoolingType | str | None,
+             step_tag_id: int | None, returned_token_ids: tuple[int, ...] | None) -> bool:
+    """A BGE-M3 folder asked for a token task its own head answers (M3_HEADS): an XLM-R encoder with the file."""
+    if task is None or Task(task) not in M3_HEADS or files.hf.get("model_type") != "xlm-roberta":
+        return False
+    if not (files.root / M3_HEADS[Task(task)]).is_file():
+        return False
+    if pooling_type not in (None, PoolingType.ALL, "ALL") or step_tag_id is not None or returned_token_ids:
+        raise ResolutionError(f"BGE-M3's {M3_HEADS[Task(task)]} answers every token (ALL pooling): no STEP "
+                              "pooling, step tag or returned token ids")
+    return True
 
 
 def _resolve_task(architecture: str, task: Task | str | None, convert: str | None,

@@ -56,6 +56,7 @@ class Activation(str, Enum):
     SOFTMAX = "softmax"
     SIGMOID = "sigmoid"
     IDENTITY = "identity"
+    RELU = "relu"  # BGE-M3's lexical weights (vLLM's token_classify for BgeM3EmbeddingModel)
 
 
 class Truncation(str, Enum):

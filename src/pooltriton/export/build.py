@@ -433,6 +433,7 @@ def pipeline_configs(
                               task=config.task.value, activation=config.activation.value,
                               use_activation=config.use_activation,
                               step_tag_id=config.step_tag_id if config.pooling_type is PoolingType.STEP else None,
+                              drop_first=config.drop_first, drop_last=config.drop_last,
                           ).to_parameters()))
     mode = score_mode(config)
     if mode is not None:

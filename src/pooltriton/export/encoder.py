@@ -134,7 +134,11 @@ def _load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: boo
     hf_config._attn_implementation = "eager"
     head: nn.Module | None = None
     returns_logits = False
-    if config.pooling_type.sparse:  # SPLADE: the masked-LM head's logits, pooled in the graph
+    if config.token_head is not None:  # BGE-M3: its own linear head on every token's hidden state
+        network = _complete(AutoModel, model_dir, load)
+        network = getattr(network, "base_model", network)
+        head = token_head(Path(model_dir) / config.token_head, allow_pickle)
+    elif config.pooling_type.sparse:  # SPLADE: the masked-LM head's logits, pooled in the graph
         network = _complete(AutoModelForMaskedLM, model_dir, load)
     elif config.task.is_embedding and config.pooling_type is not PoolingType.STEP:
         # T5's AutoModel is the whole encoder-decoder; its embeddings come from the encoder (T5EncoderModel).
@@ -247,6 +251,20 @@ def _st_dense(folder: Path, allow_pickle: bool) -> nn.Module:
         raise ResolutionError(f"refusing Dense activation_function {activation!r} in {folder}: only torch.nn "
                               "activation classes are supported")
     return nn.Sequential(linear, getattr(nn, activation.rsplit(".", 1)[-1])())
+
+
+def token_head(path: Path, allow_pickle: bool) -> nn.Linear:
+    """A linear layer saved as torch's state dict (BGE-M3's sparse_linear.pt, colbert_linear.pt), read by
+    torch's tensors-only unpickler; still pickle, so only with `allow_pickle`, as pytorch_model.bin."""
+    if not allow_pickle:
+        raise ResolutionError(f"{path.name} is a pickle file (torch.save): export with --allow-pickle to load it")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or getattr(state.get("weight"), "ndim", 0) != 2:
+        raise ResolutionError(f"{path} is not a linear layer's state dict (weight [out, in], bias [out])")
+    weight = state["weight"]
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in state)
+    linear.load_state_dict(state)
+    return linear
 
 
 def _score_head(model: nn.Module) -> nn.Module:

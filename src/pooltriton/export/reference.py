@@ -65,6 +65,9 @@ def load_reference(model_dir: str | Path, config: PoolerConfig, allow_pickle: bo
                          f"sentence-transformers ({library}: its own pipeline"
                          f"{'' if config.pooling_type.sparse else ', up to Normalize'})")
     load = {"use_safetensors": None if allow_pickle else True, "trust_remote_code": trust_remote_code}
+    if config.token_head is not None:
+        return Reference(lambda: _token_head(model_dir, config, load), "transformers (AutoModel) with the "
+                         f"checkpoint's {config.token_head} on every token (BGE-M3's, as FlagEmbedding applies it)")
     semantics = (f"the LM head's {'yes - no' if len(config.classifier_token_ids) == 2 else 'yes'} logit at the "
                  "last token" if config.classifier_token_ids is not None
                  else f"vLLM's {config.pooling_type.value} pooling")
@@ -83,6 +86,22 @@ def _sentence_transformers(model_dir: Path, trust_remote_code: bool, library: st
         return module(dict(inputs))["sentence_embedding"][0]
 
     return pipeline, compute
+
+
+def _token_head(model_dir: Path, config: PoolerConfig, load: dict) -> tuple[nn.Module, Compute]:
+    """BGE-M3's heads as FlagEmbedding builds them: a torch.nn.Linear from the file's state dict, on every
+    token's last hidden state (which tokens are answered, and the activation, are the pooler stage's)."""
+    import transformers
+
+    state = torch.load(model_dir / str(config.token_head), map_location="cpu", weights_only=True)
+    pair = nn.ModuleDict({"model": transformers.AutoModel.from_pretrained(model_dir, **load),
+                          "head": nn.Linear(state["weight"].shape[1], state["weight"].shape[0])})
+    pair["head"].load_state_dict(state)
+
+    def compute(module: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return module["head"](module["model"](**inputs).last_hidden_state[0])
+
+    return pair, compute
 
 
 def _class_name(config: PoolerConfig) -> str:

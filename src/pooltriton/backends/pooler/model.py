@@ -19,12 +19,19 @@ from pooltriton.core.activation import apply_activation
 from pooltriton.core.semantics import Activation, Task
 
 
-def real_token_rows(values: np.ndarray, mask: np.ndarray, ids: np.ndarray | None,
-                    step_tag_id: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """[n, L, C] -> ([T, C], counts [n, 1]): no padding row leaves this function."""
+def real_token_rows(values: np.ndarray, mask: np.ndarray, ids: np.ndarray | None, step_tag_id: int | None,
+                    drop_first: int | None = None, drop_last: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """[n, L, C] -> ([T, C], counts [n, 1]): no padding row leaves this function, nor a text's first real
+    token where it is `drop_first`, nor its last where it is `drop_last` (either padding side)."""
     keep = mask.astype(bool)
     if step_tag_id is not None:
         keep &= ids == step_tag_id
+    rows = np.arange(keep.shape[0])
+    for drop, position in ((drop_first, keep.argmax(axis=1)),
+                           (drop_last, keep.shape[1] - 1 - keep[:, ::-1].argmax(axis=1))):
+        if drop is not None:
+            edge = keep[rows, position] & (ids[rows, position] == drop)
+            keep[rows[edge], position[edge]] = False
     counts = keep.sum(axis=1, dtype=np.int64).reshape(-1, 1)
     return values[keep], counts
 
@@ -36,6 +43,7 @@ class TritonPythonModel:
         self.activation = Activation(parameters.activation)
         self.use_activation = parameters.use_activation
         self.step_tag_id = parameters.step_tag_id
+        self.drop = (parameters.drop_first, parameters.drop_last)
         self.output = OUTPUT_NAMES[self.task]
 
     def execute(self, requests: list) -> list:
@@ -50,7 +58,7 @@ class TritonPythonModel:
             tensors = []
             if self.task.per_token:
                 values, counts = real_token_rows(values, input_array(request, ATTENTION_MASK),
-                                                 input_array(request, INPUT_IDS), self.step_tag_id)
+                                                 input_array(request, INPUT_IDS), self.step_tag_id, *self.drop)
                 tensors.append(pb_utils.Tensor(TOKEN_COUNTS, counts))
             activated = apply_activation(values, self.activation, enabled)
             tensors.insert(0, pb_utils.Tensor(self.output, np.ascontiguousarray(activated)))
