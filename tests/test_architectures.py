@@ -235,6 +235,17 @@ def test_bge_m3_served_as_flagembedding_encodes(served, modern_root: Path) -> No
     scores = served.score(TEXTS[0], TEXTS[1:5], model="m3_colbert")
     wanted = [float(model.colbert_score(query, document)) * len(query) for document in expected["colbert_vecs"][1:5]]
     assert np.abs(np.asarray(scores) - wanted).max() <= MAX_ABS * len(query), (scores, wanted)
+    # vLLM's /pooling with its task, as a BgeM3EmbeddingModel server is asked for the weights.
+    import httpx
+
+    from conftest import running_gateway
+
+    with running_gateway(served.served_by.grpc_url, admin_key=served.served_by.admin_key) as base:
+        answer = httpx.post(f"{base}/pooling", json={"model": "m3_sparse", "input": TEXTS[:2],
+                                                     "task": "token_classify"}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    for item, expected_rows in zip(answer.json()["data"], weights[:2]):
+        assert np.abs(np.asarray(item["data"]) - expected_rows).max() <= 1e-6
 
 
 def test_a_splade_model_is_served_as_sentence_transformers_sparse_encoder_encodes(served, modern_root: Path) -> None:
