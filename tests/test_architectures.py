@@ -188,6 +188,8 @@ def test_bge_m3_heads_are_resolved_from_its_files_and_loaded_only_with_allow_pic
             colbert.drop_last) == ("colbert_linear.pt", "normalize", True, 0, None)
     assert (dense.task.value, dense.pooling_type.value, dense.token_head) == ("embed", "CLS", None)
     assert sparse.sources["token_head"] == "model-files"
+    # --convert embed asks for the encoder's plain hidden states: no head of its files.
+    assert resolve(folder, task="token_embed", convert="embed").token_head is None
     with pytest.raises(ResolutionError, match="--allow-pickle"):
         load_encoder(folder, sparse)
     # An XLM-R encoder without the file has no head for a token task.
@@ -217,9 +219,9 @@ def test_bge_m3_served_as_flagembedding_encodes(served, modern_root: Path) -> No
     zeros = 0
     for index, text in enumerate(TEXTS):
         ids = tokenizer(text)["input_ids"]
-        assert weights[index].shape == (len(ids) - 2, 1), (index, weights[index].shape)
+        assert weights[index].shape == (len(ids) - 2,), (index, weights[index].shape)  # vLLM's, squeezed
         ours: dict[str, float] = {}
-        for token, weight in zip(ids[1:-1], weights[index][:, 0]):
+        for token, weight in zip(ids[1:-1], weights[index]):
             if token not in left_out and weight > 0:
                 ours[str(token)] = max(ours.get(str(token), 0.0), float(weight))
         theirs = {key: float(value) for key, value in expected["lexical_weights"][index].items()}
@@ -245,7 +247,7 @@ def test_bge_m3_served_as_flagembedding_encodes(served, modern_root: Path) -> No
                                                      "task": "token_classify"}, timeout=60)
     assert answer.status_code == 200, answer.text
     for item, expected_rows in zip(answer.json()["data"], weights[:2]):
-        assert np.abs(np.asarray(item["data"]) - expected_rows).max() <= 1e-6
+        assert np.shape(item["data"]) == expected_rows.shape and np.abs(item["data"] - expected_rows).max() <= 1e-6
 
 
 def test_a_splade_model_is_served_as_sentence_transformers_sparse_encoder_encodes(served, modern_root: Path) -> None:

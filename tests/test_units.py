@@ -385,3 +385,23 @@ def test_the_service_errors_survive_pickling() -> None:
 class TooLong(RequestError):  # a subclass with an __init__ of its own, pickled by reference
     def __init__(self, tokens: int) -> None:
         super().__init__(f"{tokens} tokens", "input")
+
+
+def test_the_pooler_stage_leaves_out_a_texts_first_and_last_token_only_where_they_are_those_ids(monkeypatch) -> None:
+    """BGE-M3's <s> (id 0) and </s> (id 2) by position, either padding side; a text without them, an empty
+    row and a one-token row are handled (the stage's function, without the Triton stub: a stand-in module)."""
+    import importlib
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
+    pooler = importlib.import_module("pooltriton.backends.pooler.model")
+    ids = np.array([[0, 7, 8, 2, 1], [1, 1, 0, 9, 2], [7, 8, 9, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
+    mask = np.array([[1, 1, 1, 1, 0], [0, 0, 1, 1, 1], [1, 1, 1, 0, 0], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0]])
+    values = ids[..., None].astype(np.float32)
+    rows, counts = pooler.real_token_rows(values, mask, ids, None, 0, 2)
+    assert rows[:, 0].tolist() == [7, 8, 9, 7, 8, 9] and counts.ravel().tolist() == [2, 1, 3, 0, 0]
+    rows, counts = pooler.real_token_rows(values, mask, ids, None, 0, None)  # ColBERT's: <s> only
+    assert rows[:, 0].tolist() == [7, 8, 2, 9, 2, 7, 8, 9] and counts.ravel().tolist() == [3, 2, 3, 0, 0]
+    rows, counts = pooler.real_token_rows(values, mask, ids, None)  # every other token model: all real tokens
+    assert counts.ravel().tolist() == [4, 3, 3, 0, 1]

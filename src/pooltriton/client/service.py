@@ -380,7 +380,7 @@ class PoolingService:
         async with self._admitted(info.name, [*protocol.as_texts(texts), *(pairs or ())]) as answered:
             results = await asyncio.gather(*(infer(r) for r in requests))
             answered.append(protocol.prompt_tokens(results))
-        values = protocol.reassemble(info.outputs, results)
+        values = protocol.reassemble(info.outputs, results, info.token_weights)
         if dimensions is not None:
             try:
                 values = protocol.matryoshka(info, values, dimensions, options.get("use_activation"))

@@ -132,6 +132,8 @@ class EnsembleParameters(StageParameters):
     sparse: bool | None = None  # a vocabulary-wide SPLADE vector (text-embeddings-inference's /embed_sparse)
     pooling: str | None = None  # the pooling type (PoolingType's value), for text-embeddings-inference's /info
     precision: str | None = None  # the encoder's (fp32, bf16, fp16, int8)
+    # One weight per token (BGE-M3's lexical weights): answered [tokens], as vLLM squeezes them, not [tokens, 1].
+    token_weights: bool | None = None
 
 
 STAGE_PARAMETERS = (TokenizerParameters, EncoderParameters, PoolerParameters, ScorerParameters, PluginParameters,

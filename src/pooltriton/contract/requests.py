@@ -112,6 +112,7 @@ class ModelInfo:
     sparse: bool = False  # SPLADE's vocabulary-wide weights (False where an older export does not say)
     pooling: str | None = None  # the pooling type, the encoder's precision (None: an older export)
     precision: str | None = None
+    token_weights: bool = False  # one weight per token, answered [tokens] (False where an export does not say)
 
     @property
     def per_token(self) -> bool:
@@ -130,7 +131,8 @@ def model_info(name: str, config: dict) -> ModelInfo:
     return ModelInfo(name=name, task=ensemble.task, outputs=outputs, labels=ensemble.labels or (),
                      max_length=ensemble.max_length, dimensions=ensemble.matryoshka_dimensions or (),
                      use_activation=ensemble.use_activation, prompts=ensemble.prompts or (), width=width,
-                     sparse=bool(ensemble.sparse), pooling=ensemble.pooling, precision=ensemble.precision)
+                     sparse=bool(ensemble.sparse), pooling=ensemble.pooling, precision=ensemble.precision,
+                     token_weights=bool(ensemble.token_weights))
 
 
 def text_array(texts: Sequence[str | bytes], batched: bool) -> np.ndarray:
@@ -195,10 +197,13 @@ def matryoshka(model: ModelInfo, vectors: np.ndarray, dimensions: int | None,
     return normalize(cut)
 
 
-def reassemble(outputs: Sequence[str], results: Sequence[dict[str, np.ndarray]]) -> np.ndarray | list[np.ndarray]:
-    """The answers of encode_requests' requests, in their order: [n, C], or per text [tokens_i, C]."""
+def reassemble(outputs: Sequence[str], results: Sequence[dict[str, np.ndarray]],
+               token_weights: bool = False) -> np.ndarray | list[np.ndarray]:
+    """The answers of encode_requests' requests, in their order: [n, C], or per text [tokens_i, C]
+    ([tokens_i] for `token_weights`, ModelInfo's)."""
     if TOKEN_COUNTS in outputs:
-        return [rows for r in results for rows in split_tokens(r[outputs[0]], r[TOKEN_COUNTS])]
+        return [rows[:, 0] if token_weights else rows
+                for r in results for rows in split_tokens(r[outputs[0]], r[TOKEN_COUNTS])]
     return np.concatenate([r[outputs[0]] for r in results], axis=0)
 
 

@@ -329,10 +329,13 @@ def resolve(
             raise ResolutionError("classifier tokens make a classify model; other tasks cannot be asked with them")
         convert, sources["classifier_tokens"] = "classify", EXPLICIT
 
-    m3 = _m3_head(files, task, pooling_type, step_tag_id, returned_token_ids)
+    # --convert asks for the architecture's plain task family (the hidden states): no M3 head then.
+    m3 = convert is None and _m3_head(files, task, pooling_type, step_tag_id, returned_token_ids)
     if m3:
         resolved_task, sources["task"] = Task(task), EXPLICIT
-        sources["token_head"] = MODEL_FILES
+        sources["token_head"] = sources["drop_first"] = MODEL_FILES
+        if resolved_task is Task.TOKEN_CLASSIFY:
+            sources["drop_last"] = MODEL_FILES
     else:
         resolved_task = _resolve_task(architecture, task, convert, pooling_type, returned_token_ids, sources)
     resolved_pooling = _resolve_pooling(files, resolved_task, pooling_type, sources)
@@ -384,6 +387,8 @@ def _m3_head(files: ModelFiles, task: Task | str | None, pooling_type: PoolingTy
              step_tag_id: int | None, returned_token_ids: tuple[int, ...] | None) -> bool:
     """A BGE-M3 folder asked for a token task its own head answers (M3_HEADS): an XLM-R encoder with the file."""
     if task is None or Task(task) not in M3_HEADS or files.hf.get("model_type") != "xlm-roberta":
+        return False
+    if task_from_architecture(files.architecture) is not Task.EMBED:  # a classifier's folder: its own head
         return False
     if not (files.root / M3_HEADS[Task(task)]).is_file():
         return False

@@ -505,7 +505,8 @@ def _ensemble_config(names: Stages, options: ExportOptions, config: PoolerConfig
         task=config.task.value, max_length=config.max_length, labels=tuple(config.labels) if config.labels else None,
         matryoshka_dimensions=tuple(sorted(options.matryoshka_dimensions)) or None,
         use_activation=config.use_activation, prompts=tuple(config.prompts) or None,
-        sparse=config.pooling_type.sparse or None, pooling=config.pooling_type.value, precision=options.precision)
+        sparse=config.pooling_type.sparse or None, pooling=config.pooling_type.value, precision=options.precision,
+        token_weights=(config.task is Task.TOKEN_CLASSIFY and config.token_head is not None) or None)
     encoder_output = tensors.pooled.name
     steps = [EnsembleStep(names.tokenizer, {TEXT: TEXT, TEXT_PAIR: TEXT_PAIR},
                           {n: n for n in (*tensors.token_outputs, PROMPT_TOKENS)})]

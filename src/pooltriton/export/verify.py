@@ -273,7 +273,10 @@ def _compare(expected: np.ndarray, fp32: np.ndarray, got: np.ndarray, activated:
     act = float(np.abs(apply_activation(expected, config.activation) - activated).max())
     # Normalising divides a vector's error by its norm: the raw bound carried through it.
     shortest = float(np.linalg.norm(expected, axis=-1).min()) if config.activation is Activation.NORMALIZE else 1.0
-    row_cos = row_cosines(expected, got)
+    # A width-1 output (a 1-label classifier's logit, BGE-M3's token weights) has no direction per row: its
+    # batch's column is the vector compared.
+    pair = (expected, got) if expected.shape[-1] > 1 else (expected.reshape(1, -1), got.reshape(1, -1))
+    row_cos = row_cosines(*pair)
     return {"max_abs_error_raw": raw, "fp32_noise": noise, "allowed_abs_error": allowed,
             "max_abs_error_activated": act, "allowed_abs_error_activated": allowed / max(min(shortest, 1.0), 1e-12),
             "min_cosine": float(np.min(row_cos)),

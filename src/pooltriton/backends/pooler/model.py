@@ -23,17 +23,22 @@ def real_token_rows(values: np.ndarray, mask: np.ndarray, ids: np.ndarray | None
                     drop_first: int | None = None, drop_last: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """[n, L, C] -> ([T, C], counts [n, 1]): no padding row leaves this function, nor a text's first real
     token where it is `drop_first`, nor its last where it is `drop_last` (either padding side)."""
-    keep = mask.astype(bool)
-    if step_tag_id is not None:
-        keep &= ids == step_tag_id
-    rows = np.arange(keep.shape[0])
-    for drop, position in ((drop_first, keep.argmax(axis=1)),
-                           (drop_last, keep.shape[1] - 1 - keep[:, ::-1].argmax(axis=1))):
-        if drop is not None:
-            edge = keep[rows, position] & (ids[rows, position] == drop)
-            keep[rows[edge], position[edge]] = False
+    real = mask.astype(bool)
+    keep = real & (ids == step_tag_id) if step_tag_id is not None else real.copy()
+    rows = np.arange(real.shape[0])
+    if drop_first is not None:
+        _drop(keep, ids, rows, real.argmax(axis=1), drop_first)
+    if drop_last is not None:
+        _drop(keep, ids, rows, real.shape[1] - 1 - real[:, ::-1].argmax(axis=1), drop_last)
     counts = keep.sum(axis=1, dtype=np.int64).reshape(-1, 1)
     return values[keep], counts
+
+
+def _drop(keep: np.ndarray, ids: np.ndarray, rows: np.ndarray, position: np.ndarray, token: int) -> None:
+    """Each row's token at `position` left out where it is a real token and `token` (a row with no real
+    token has none: argmax found a padding position)."""
+    edge = keep[rows, position] & (ids[rows, position] == token)
+    keep[rows[edge], position[edge]] = False
 
 
 class TritonPythonModel:
