@@ -329,19 +329,32 @@ def test_a_decoder_reranker_scores_through_rerank(served, modern_root: Path, nam
     with running_gateway(served.served_by.grpc_url, admin_key=served.served_by.admin_key) as base:
         response = httpx.post(f"{base}/v1/rerank", json={"model": name, "query": query,
                                                           "documents": documents}, timeout=60)
+        # vLLM's max_tokens_per_doc: each document cut to its first 2 tokens before the template is filled.
+        cut = httpx.post(f"{base}/v1/rerank", json={"model": name, "query": query, "documents": documents,
+                                                     "max_tokens_per_doc": 2}, timeout=60)
     assert response.status_code == 200, response.text
-    got = {r["index"]: r["relevance_score"] for r in response.json()["results"]}
+    assert cut.status_code == 200, cut.text
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     ids = tokenizer.convert_tokens_to_ids(list(tokens))
-    for index, document in enumerate(documents):
+
+    def expected(document: str) -> float:
         text = RERANK_TEMPLATE.replace("{query}", query).replace("{document}", document)
         with torch.no_grad():
             last = model(**tokenizer(text, return_tensors="pt")).logits[0, -1].numpy()
         logit = last[ids[1]] - last[ids[0]] if len(ids) == 2 else last[ids[0]]
-        expected = float(1 / (1 + np.exp(-logit)))
-        assert abs(got[index] - expected) <= MAX_ABS, (index, got[index], expected)
+        return float(1 / (1 + np.exp(-logit)))
+
+    got = {r["index"]: r["relevance_score"] for r in response.json()["results"]}
+    for index, document in enumerate(documents):
+        assert abs(got[index] - expected(document)) <= MAX_ABS, (index, got[index], expected(document))
     assert np.ptp(list(got.values())) > 1e-3  # the documents really score differently
+    got_cut = {r["index"]: r["relevance_score"] for r in cut.json()["results"]}
+    for index, document in enumerate(documents):  # the text up to where its 2nd token ends (transformers' offsets)
+        offsets = tokenizer(document, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        short = document[: offsets[1][1]] if len(offsets) > 2 else document
+        assert abs(got_cut[index] - expected(short)) <= MAX_ABS, (index, short, got_cut[index], expected(short))
+    assert abs(got_cut[0] - got[0]) > 1e-3  # the first document really was cut
 
 
 # Classifiers read with pairs: bart-large-mnli's (premise, hypothesis), three </s> in each and the head

@@ -407,6 +407,23 @@ def test_rerank_and_score_carry_documents_and_usage(http, fake) -> None:
     assert http.post("/score", json={"model": "cls", "text_1": "q", "text_2": "d"}).status_code == 400
 
 
+def test_score_and_rerank_pass_vllms_per_side_token_limits_to_the_scorer(http, fake) -> None:
+    """max_tokens_per_query / max_tokens_per_doc reach the scorer stage (which cuts), with truncation_side where
+    given; 0 is no cut (nothing sent), a negative limit is refused before anything is sent."""
+    body = {"model": "emb", "query": "q", "documents": ["a b c"], "max_tokens_per_doc": 2}
+    assert http.post("/v2/rerank", json=body).status_code == 200
+    assert fake.requests[-1].parameters == {"max_tokens_per_doc": 2}
+    left = http.post("/score", json={"model": "emb", "queries": "q", "documents": ["d"], "max_tokens_per_query": 3,
+                                     "max_tokens_per_doc": 0, "truncation_side": "left"})
+    assert left.status_code == 200 and fake.requests[-1].parameters == {"max_tokens_per_query": 3,
+                                                                         "truncation_side": "left"}
+    assert http.post("/rerank", json={**body, "max_tokens_per_doc": 0}).status_code == 200
+    assert fake.requests[-1].parameters == {}
+    sent = len(fake.requests)
+    refused = http.post("/rerank", json={**body, "max_tokens_per_doc": -1})
+    assert refused.status_code == 400 and "max_tokens_per_doc" in refused.text and len(fake.requests) == sent
+
+
 def test_tokenize_takes_text_embeddings_inferences_body_and_answers_in_its_shape(http, fake) -> None:
     """TEI's /tokenize body (`inputs`) on vLLM's path: per input its tokens as {id, text, special, start, stop},
     spans in UTF-8 bytes of the text read (prompt included), a special token with its string and no span."""

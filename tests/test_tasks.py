@@ -299,6 +299,50 @@ def test_last_pooling_takes_the_last_real_token_under_either_padding_side(tiny_r
     assert torch.allclose(right, left, atol=1e-5) and torch.allclose(right[1], alone[0], atol=1e-5)
 
 
+def test_score_cuts_each_query_and_document_to_its_own_tokens(served, tiny_root: Path) -> None:
+    """vLLM's max_tokens_per_doc / max_tokens_per_query: a cross-encoder reads each pair as transformers'
+    tokenizer truncates it (only_second / only_first), a bi-encoder each side as sentence-transformers reads
+    it at that max_seq_length; the limits change the scores (the texts are longer than them)."""
+    from sentence_transformers import CrossEncoder, SentenceTransformer
+    from tritonclient.utils import InferenceServerException
+
+    _runtime, client, _server, _repository = served
+    query = "query one two three four five six seven"
+    documents = [t for t in varied_texts(40, seed=3, max_words=30) if len(t.split()) >= 12][:6]
+    cross = CrossEncoder(str(folder_of(tiny_root, next(c for c in CASES if c.name == "bert_cross"))), device="cpu")
+    tokenizer = cross.tokenizer
+    assert min(len(tokenizer(d, add_special_tokens=False)["input_ids"]) for d in documents) > 6
+
+    def cross_reference(strategy: str, max_lengths: list[int]) -> np.ndarray:
+        scores = []
+        for document, max_length in zip(documents, max_lengths):
+            features = tokenizer(query, document, truncation=strategy, max_length=max_length, return_tensors="pt")
+            with torch.no_grad():
+                scores.append(float(cross.activation_fn(cross.model(**features).logits[0, 0])))
+        return np.array(scores)
+
+    query_length = len(tokenizer(query)["input_ids"])  # [CLS] query [SEP]; the pair adds the document and [SEP]
+    expected = cross_reference("only_second", [query_length + 6 + 1] * len(documents))
+    scores = client.score(query, documents, model="bert_cross", max_tokens_per_doc=6)
+    assert np.abs(scores - expected).max() <= MAX_ABS
+    assert np.abs(scores - client.score(query, documents, model="bert_cross")).max() > 100 * MAX_ABS
+    expected = cross_reference("only_first", [len(tokenizer(d)["input_ids"]) + 3 + 1 for d in documents])
+    assert np.abs(client.score(query, documents, model="bert_cross", max_tokens_per_query=3) - expected).max() \
+        <= MAX_ABS
+    # A bi-encoder: each side embedded alone, cut to its own limit.
+    encoder = SentenceTransformer(str(folder_of(tiny_root, next(c for c in CASES if c.name == "bert_mean"))),
+                                  device="cpu")
+    encoder.max_seq_length = 6 + 2
+    vectors = encoder.encode(documents, normalize_embeddings=True)
+    encoder.max_seq_length = 3 + 2
+    expected = vectors @ encoder.encode([query], normalize_embeddings=True)[0]
+    scores = client.score(query, documents, model="bert_mean", max_tokens_per_doc=6, max_tokens_per_query=3)
+    assert np.abs(scores - expected).max() <= MAX_ABS
+    assert np.abs(scores - client.score(query, documents, model="bert_mean")).max() > 100 * MAX_ABS
+    with pytest.raises(InferenceServerException, match="max_tokens_per_doc"):
+        client.score(query, documents, model="bert_cross", max_tokens_per_doc=-2)
+
+
 def test_gateway_classify_and_cross_encoder_rerank(served, tiny_root: Path) -> None:
     """The gateway's /classify and /rerank routes on classifiers (the default repository has none)."""
     import httpx

@@ -24,7 +24,7 @@ from pooltriton.contract.parameters import (
 )
 from pooltriton.core.resolve import resolve
 from pooltriton.core.semantics import Activation, PoolingType, Task, Truncation
-from pooltriton.core.tokenization import InputError, TextTokenizer
+from pooltriton.core.tokenization import InputError, TextTokenizer, cut_text
 from pooltriton.export.defaults import minilm_path
 
 
@@ -91,6 +91,28 @@ def test_tokenizer_ignores_tokenizer_json_limits() -> None:
     assert batch.input_ids.shape == (2, 202) and list(batch.lengths) == [202, 3]
     with pytest.raises(InputError, match="limit of 256"):
         tokenizer(["word " * 300])
+
+
+def test_a_text_cut_to_its_first_or_last_tokens_reads_as_the_reference_tokenizer_cuts_it() -> None:
+    """vLLM's max_tokens_per_doc cuts the text where its Nth token ends: read again, the first N tokens are
+    transformers' own truncation of the text (MiniLM's WordPiece, words split into pieces included); the last
+    N end the text, from a word's start (its pieces alone may read as more); a character split over two tokens
+    is never cut in half; 0 or a short text stays."""
+    from transformers import AutoTokenizer
+
+    ours = TextTokenizer(str(minilm_path() / "tokenizer.json"), max_length=256)
+    reference = AutoTokenizer.from_pretrained(str(minilm_path()))
+    text = "Tokenization splits unbelievably long words, e.g. antidisestablishmentarianism, into pieces."
+    spans = ours.encoding(text, add_special_tokens=False).offsets
+    for limit in range(1, len(spans)):
+        cut = cut_text(text, spans, limit)
+        assert ours.ids(cut) == reference(text, truncation=True, max_length=limit + 2)["input_ids"], limit
+        tail = cut_text(text, spans, limit, keep_start=False)
+        assert text.endswith(tail) and 0 < len(ours.ids(tail, add_special_tokens=False)) <= limit
+    assert cut_text(text, spans, 0) == text == cut_text(text, spans, len(spans))
+    assert cut_text("ab\U0001F600c", [(0, 1), (1, 2), (2, 3), (2, 3), (3, 4)], 3) == "ab"
+    assert cut_text("ab\U0001F600c", [(0, 1), (1, 2), (2, 3), (2, 3), (3, 4)], 2, keep_start=False) == "c"
+    assert cut_text("a b", [None, (0, 1), (2, 3), None], 1) == "a"  # special tokens are not the text's
 
 
 def test_a_request_of_no_texts_fails_alone() -> None:

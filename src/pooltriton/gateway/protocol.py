@@ -135,7 +135,23 @@ class ClassifyRequest(ClassifyAliases):
     input: str | list[str] | list[int] | list[list[int]]
 
 
-class ScoreRequest(ClassifyAliases):
+class Cuts(ClassifyAliases):
+    """vLLM's (Cohere's, Jina's) per-side limits of /score and /rerank: each query and each document cut to
+    its first that many tokens (its last, with truncation_side left) before it is scored; 0: no cut."""
+
+    max_tokens_per_query: int = Field(0, ge=0, le=1_000_000)
+    max_tokens_per_doc: int = Field(0, ge=0, le=1_000_000)
+
+    def parameters(self) -> dict[str, Any]:
+        parameters = super().parameters()
+        cuts = {name: getattr(self, name) for name in ("max_tokens_per_query", "max_tokens_per_doc")
+                if getattr(self, name)}
+        if cuts and self.truncation_side is not None:
+            cuts["truncation_side"] = self.truncation_side
+        return {**parameters, **cuts}
+
+
+class ScoreRequest(Cuts):
     """vLLM's pairs of fields, any one of them: queries/documents (its canonical names), queries/items,
     data_1/data_2, text_1/text_2."""
 
@@ -173,7 +189,7 @@ class CohereDocument(BaseModel):
     text: str
 
 
-class RerankRequest(ClassifyAliases):
+class RerankRequest(Cuts):
     """vLLM's (Cohere's, Jina's) body, or on the same path text-embeddings-inference's: `texts` instead of
     `documents` (with `raw_scores`, `return_text`, `truncate`, `truncation_direction`), answered in its shape."""
 

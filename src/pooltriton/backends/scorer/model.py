@@ -2,7 +2,10 @@
 
 Modes (from the model's task, see export): bi-encoder (cosine of embeddings), late-interaction
 (MaxSim over token embeddings), cross-encoder (a 1-label classifier reads each pair together).
-Shapes: 1:1, 1:N (one query, many documents), N:N (zipped). Request parameters pass through.
+Shapes: 1:1, 1:N (one query, many documents), N:N (zipped). Request parameters pass through, but for
+vLLM's "max_tokens_per_query" / "max_tokens_per_doc" (and "truncation_side", left: keep the end): each query
+and document is first cut to that many of its own tokens, as the tokenizer stage splits it, before any pair
+or template is made (vLLM's text truncation; 0: no cut).
 """
 
 from __future__ import annotations
@@ -23,16 +26,23 @@ from pooltriton.contract import (
     CROSS_ENCODER,
     DOCUMENTS,
     LATE_INTERACTION,
+    PIECES,
     PROMPT_TOKENS,
     QUERY,
     SCORES,
     TEXT,
     TEXT_PAIR,
     TOKEN_COUNTS,
+    TOKEN_PIECES,
+    stages,
 )
 from pooltriton.contract.parameters import ScorerParameters
+from pooltriton.contract.requests import TokenPieces
 from pooltriton.core.scoring import cosine, maxsim, pair_up, split_tokens
-from pooltriton.core.tokenization import InputError, decode_texts
+from pooltriton.core.tokenization import InputError, cut_text, decode_texts
+
+# vLLM's per-side limits (0: none), read here and not passed on.
+CUTS = ("max_tokens_per_query", "max_tokens_per_doc")
 
 
 class TritonPythonModel:
@@ -41,6 +51,23 @@ class TritonPythonModel:
         self.mode, self.target, self.output = parameters.mode, parameters.model, parameters.output
         # A decoder reranker reads each pair as one text of its prompt template ({query}, {document}).
         self.template = parameters.template or None
+        self.tokenizer = stages(parameters.model).tokenizer
+
+    def cut(self, queries: list[str], documents: list[str], parameters: dict) -> tuple[list[str], list[str]]:
+        """Each side cut to its limit of tokens (the request's CUTS, taken out of `parameters`)."""
+        limits = [parameters.pop(name, 0) for name in CUTS]
+        keep_start = parameters.pop("truncation_side", "right") != "left"
+        for name, limit in zip(CUTS, limits):
+            if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+                raise InputError(f"{name} must be 0 (no limit) or a positive number of tokens, got {limit!r}")
+        sides = [queries, documents]
+        for index, limit in enumerate(limits):
+            if limit:
+                pieces = call_model(self.tokenizer, {TEXT: sides[index]}, [TOKEN_PIECES],
+                                    {"mode": PIECES, "add_special_tokens": False, "with_prompt": False})
+                split = [TokenPieces.from_json(raw) for raw in pieces[TOKEN_PIECES].reshape(-1)]
+                sides[index] = [cut_text(p.text, p.spans, limit, keep_start) for p in split]
+        return sides[0], sides[1]
 
     def _call(self, parameters: dict, **inputs: list[str]) -> dict[str, np.ndarray]:
         outputs = [self.output, PROMPT_TOKENS] + ([TOKEN_COUNTS] if self.mode == LATE_INTERACTION else [])
@@ -74,7 +101,9 @@ class TritonPythonModel:
                 documents = decode_texts(input_array(request, DOCUMENTS))
                 if not queries or not documents:
                     raise InputError(f"{QUERY} and {DOCUMENTS} each need at least one text")
-                scores, read = self.score(queries, documents, request_parameters(request))
+                parameters = request_parameters(request)
+                queries, documents = self.cut(queries, documents, parameters)
+                scores, read = self.score(queries, documents, parameters)
                 responses.append(pb_utils.InferenceResponse([
                     pb_utils.Tensor(SCORES, scores), pb_utils.Tensor(PROMPT_TOKENS, np.array([read], dtype=np.int64))]))
             except CalledModelError as error:  # the ensemble's own code: 400, a retryable 503, ...
