@@ -419,6 +419,9 @@ def test_score_and_rerank_pass_vllms_per_side_token_limits_to_the_scorer(http, f
                                                                          "truncation_side": "left"}
     assert http.post("/rerank", json={**body, "max_tokens_per_doc": 0}).status_code == 200
     assert fake.requests[-1].parameters == {}
+    tei = http.post("/rerank", json={"model": "emb", "query": "q", "texts": ["a b c"], "max_tokens_per_doc": 2})
+    assert tei.status_code == 200 and fake.requests[-1].parameters == {"truncate": "END", "use_activation": True,
+                                                                        "max_tokens_per_doc": 2}
     sent = len(fake.requests)
     refused = http.post("/rerank", json={**body, "max_tokens_per_doc": -1})
     assert refused.status_code == 400 and "max_tokens_per_doc" in refused.text and len(fake.requests) == sent

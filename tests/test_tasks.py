@@ -339,6 +339,19 @@ def test_score_cuts_each_query_and_document_to_its_own_tokens(served, tiny_root:
     scores = client.score(query, documents, model="bert_mean", max_tokens_per_doc=6, max_tokens_per_query=3)
     assert np.abs(scores - expected).max() <= MAX_ABS
     assert np.abs(scores - client.score(query, documents, model="bert_mean")).max() > 100 * MAX_ABS
+    # truncation_side left: each document from where its 7th token from the end ends (transformers' offsets),
+    # where that reads again as 6 tokens (a word cut in two may not, and is cut again).
+    encoder.max_seq_length = 256
+    left = client.score(query, documents, model="bert_mean", max_tokens_per_doc=6, truncation_side="left")
+    query_vector = encoder.encode([query], normalize_embeddings=True)[0]
+    checked = 0
+    for document, score in zip(documents, left):
+        offsets = encoder.tokenizer(document, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        tail = document[offsets[-7][1] :]
+        if len(encoder.tokenizer(tail, add_special_tokens=False)["input_ids"]) == 6:
+            assert abs(score - encoder.encode([tail], normalize_embeddings=True)[0] @ query_vector) <= MAX_ABS
+            checked += 1
+    assert checked >= 3
     with pytest.raises(InferenceServerException, match="max_tokens_per_doc"):
         client.score(query, documents, model="bert_cross", max_tokens_per_doc=-2)
 

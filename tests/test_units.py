@@ -96,8 +96,8 @@ def test_tokenizer_ignores_tokenizer_json_limits() -> None:
 def test_a_text_cut_to_its_first_or_last_tokens_reads_as_the_reference_tokenizer_cuts_it() -> None:
     """vLLM's max_tokens_per_doc cuts the text where its Nth token ends: read again, the first N tokens are
     transformers' own truncation of the text (MiniLM's WordPiece, words split into pieces included); the last
-    N end the text, from a word's start (its pieces alone may read as more); a character split over two tokens
-    is never cut in half; 0 or a short text stays."""
+    N are the text from the end of token len - N (the scorer reads a cut text again: a word's pieces alone can
+    read as more); a character split over two tokens is never cut in half; 0 or a short text stays."""
     from transformers import AutoTokenizer
 
     ours = TextTokenizer(str(minilm_path() / "tokenizer.json"), max_length=256)
@@ -107,11 +107,16 @@ def test_a_text_cut_to_its_first_or_last_tokens_reads_as_the_reference_tokenizer
     for limit in range(1, len(spans)):
         cut = cut_text(text, spans, limit)
         assert ours.ids(cut) == reference(text, truncation=True, max_length=limit + 2)["input_ids"], limit
-        tail = cut_text(text, spans, limit, keep_start=False)
-        assert text.endswith(tail) and 0 < len(ours.ids(tail, add_special_tokens=False)) <= limit
+        assert cut_text(text, spans, limit, keep_start=False) == text[spans[-limit - 1][1] :], limit
+    # No space for many tokens (CJK, a URL): still the last `limit` tokens, not the text after the next space.
+    for other in ("漢字仮名交じり文と中文字符" * 8 + " ok", "see https://example.com/a-very/long_path?q=1 now"):
+        other_spans = ours.encoding(other, add_special_tokens=False).offsets
+        tail = cut_text(other, other_spans, 10, keep_start=False)
+        assert other.endswith(tail) and len(ours.ids(tail, add_special_tokens=False)) == 10, tail
     assert cut_text(text, spans, 0) == text == cut_text(text, spans, len(spans))
     assert cut_text("ab\U0001F600c", [(0, 1), (1, 2), (2, 3), (2, 3), (3, 4)], 3) == "ab"
     assert cut_text("ab\U0001F600c", [(0, 1), (1, 2), (2, 3), (2, 3), (3, 4)], 2, keep_start=False) == "c"
+    assert cut_text("\U0001F600c", [(0, 1), (0, 1), (1, 2)], 1) == ""  # the scorer refuses it by name
     assert cut_text("a b", [None, (0, 1), (2, 3), None], 1) == "a"  # special tokens are not the text's
 
 

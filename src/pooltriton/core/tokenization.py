@@ -218,8 +218,9 @@ def cut_text(text: str, spans: Sequence[tuple[int, int] | None], limit: int, kee
     """`text` cut to its first (`keep_start`) or last `limit` tokens, from its tokens' character `spans` (None:
     a special token, not counted): vLLM's max_tokens_per_doc / max_tokens_per_query as it cuts text before a
     template. The cut falls between two tokens that share no character (bytes of one character can be two
-    tokens), and a cut from the start at a space where the last tokens have one, so that the text read again
-    has at most `limit` tokens; 0 or a text within its limit: unchanged."""
+    tokens; "" where the first or last character alone is more than `limit` tokens); a cut from the end keeps
+    the space before its first token. Read again, a word cut in two can be other pieces than it was (the
+    scorer reads the cut texts again); 0 or a text within its limit: unchanged."""
     real = [span for span in spans if span is not None]
     if limit <= 0 or len(real) <= limit:
         return text
@@ -227,12 +228,8 @@ def cut_text(text: str, spans: Sequence[tuple[int, int] | None], limit: int, kee
         # The last boundary at or before token `limit` that no character straddles.
         end = next((k for k in range(limit, 0, -1) if real[k][0] >= real[k - 1][1]), 0)
         return text[: real[end - 1][1]] if end else ""
-    # From the end: the first word of the last `limit` tokens that starts after a space (a word cut in two
-    # would be read again as other pieces, perhaps more); else the first token no character straddles.
-    tail = range(len(real) - limit, len(real))
-    start = next((k for k in tail if real[k][0] > real[k - 1][1]),
-                 next((k for k in tail if real[k][0] >= real[k - 1][1]), len(real)))
-    return text[real[start][0] :] if start < len(real) else ""
+    start = next((k for k in range(len(real) - limit, len(real)) if real[k][0] >= real[k - 1][1]), len(real))
+    return text[real[start - 1][1] :] if start < len(real) else ""
 
 
 def empty_batch(texts: list[str]) -> InputError | None:

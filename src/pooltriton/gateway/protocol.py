@@ -143,12 +143,14 @@ class Cuts(ClassifyAliases):
     max_tokens_per_doc: int = Field(0, ge=0, le=1_000_000)
 
     def parameters(self) -> dict[str, Any]:
-        parameters = super().parameters()
-        cuts = {name: getattr(self, name) for name in ("max_tokens_per_query", "max_tokens_per_doc")
-                if getattr(self, name)}
+        return {**super().parameters(), **self.cuts()}
+
+    def cuts(self) -> dict[str, Any]:
+        cuts: dict[str, Any] = {name: getattr(self, name) for name in ("max_tokens_per_query", "max_tokens_per_doc")
+                                if getattr(self, name)}
         if cuts and self.truncation_side is not None:
             cuts["truncation_side"] = self.truncation_side
-        return {**parameters, **cuts}
+        return cuts
 
 
 class ScoreRequest(Cuts):
@@ -222,7 +224,7 @@ class RerankRequest(Cuts):
         if not self.tei:
             return super().parameters()
         options = TEIOptions(truncate=self.truncate, truncation_direction=self.truncation_direction)
-        return {**options.parameters(), "use_activation": not self.raw_scores}
+        return {**options.parameters(), "use_activation": not self.raw_scores, **self.cuts()}
 
 
 class PoolingRequest(EmbedAliases, ClassifyAliases):

@@ -56,18 +56,35 @@ class TritonPythonModel:
     def cut(self, queries: list[str], documents: list[str], parameters: dict) -> tuple[list[str], list[str]]:
         """Each side cut to its limit of tokens (the request's CUTS, taken out of `parameters`)."""
         limits = [parameters.pop(name, 0) for name in CUTS]
-        keep_start = parameters.pop("truncation_side", "right") != "left"
+        side = parameters.pop("truncation_side", "right")
+        if side not in ("left", "right"):
+            raise InputError(f'truncation_side must be "left" or "right", got {side!r}')
         for name, limit in zip(CUTS, limits):
             if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
                 raise InputError(f"{name} must be 0 (no limit) or a positive number of tokens, got {limit!r}")
         sides = [queries, documents]
-        for index, limit in enumerate(limits):
+        for index, (name, limit) in enumerate(zip(CUTS, limits)):
             if limit:
-                pieces = call_model(self.tokenizer, {TEXT: sides[index]}, [TOKEN_PIECES],
-                                    {"mode": PIECES, "add_special_tokens": False, "with_prompt": False})
-                split = [TokenPieces.from_json(raw) for raw in pieces[TOKEN_PIECES].reshape(-1)]
-                sides[index] = [cut_text(p.text, p.spans, limit, keep_start) for p in split]
+                sides[index] = self._cut_side(sides[index], limit, side != "left", name)
         return sides[0], sides[1]
+
+    def _cut_side(self, texts: list[str], limit: int, keep_start: bool, name: str) -> list[str]:
+        """Texts over `limit` tokens cut, then read again: a word cut in two can be more pieces alone, so what
+        is still over is cut again (each round shortens it)."""
+        for _ in range(4):
+            pieces = call_model(self.tokenizer, {TEXT: texts}, [TOKEN_PIECES],
+                                {"mode": PIECES, "add_special_tokens": False, "with_prompt": False})
+            split = [TokenPieces.from_json(raw) for raw in pieces[TOKEN_PIECES].reshape(-1)]
+            over = [sum(span is not None for span in p.spans) > limit for p in split]
+            if not any(over):
+                break
+            texts = [cut_text(p.text, p.spans, limit, keep_start) if cut else text
+                     for text, p, cut in zip(texts, split, over)]
+            empty = next((i for i, text in enumerate(texts) if not text), None)
+            if empty is not None:
+                raise InputError(f"{name} {limit} leaves nothing of text {empty}: its "
+                                 f"{'first' if keep_start else 'last'} character alone is more tokens")
+        return texts
 
     def _call(self, parameters: dict, **inputs: list[str]) -> dict[str, np.ndarray]:
         outputs = [self.output, PROMPT_TOKENS] + ([TOKEN_COUNTS] if self.mode == LATE_INTERACTION else [])
