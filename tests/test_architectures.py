@@ -46,7 +46,8 @@ ST_CASES = [("bert", "max", False, True), ("bert", "mean_sqrt_len_tokens", False
             ("t5", "mean", True, True)]  # sentence-t5 / GTR: T5's encoder, mean, Dense, Normalize
 
 
-# BGE-M3 as one folder exported three times: its dense embedding, its lexical weights, its ColBERT vectors.
+# BGE-M3 as one folder exported three times: its dense embedding, its lexical weights, its ColBERT vectors;
+# the last two also answer to the first's name (--served-model-name m3), told apart by the task asked.
 M3_MODELS = (("m3", None), ("m3_sparse", "token_classify"), ("m3_colbert", "token_embed"))
 # SparseEncoder's pooling strategy served by each server (see the served fixture).
 SPLADE = {"onnx": "max", "torchscript": "sum"}
@@ -84,7 +85,8 @@ def served(request, modern_root: Path, tmp_path_factory: pytest.TempPathFactory)
     jobs.append((build_sparse(modern_root, "bert", SPLADE[runtime]), ExportOptions(
         name="splade", out=repository, runtime=runtime, tokenizer_instances=1)))
     jobs += [(build_m3(modern_root), ExportOptions(name=name, out=repository, runtime=runtime, task=task,
-                                                   allow_pickle=True, tokenizer_instances=1))
+                                                   allow_pickle=True, tokenizer_instances=1,
+                                                   served_model_names=("m3",) if task else ()))
              for name, task in M3_MODELS]
     if runtime == "onnx":
         jobs += [(build_st(modern_root, *case), ExportOptions(name=st_name(*case), out=repository, runtime=runtime,
@@ -237,17 +239,23 @@ def test_bge_m3_served_as_flagembedding_encodes(served, modern_root: Path) -> No
     scores = served.score(TEXTS[0], TEXTS[1:5], model="m3_colbert")
     wanted = [float(model.colbert_score(query, document)) * len(query) for document in expected["colbert_vecs"][1:5]]
     assert np.abs(np.asarray(scores) - wanted).max() <= MAX_ABS * len(query), (scores, wanted)
-    # vLLM's /pooling with its task, as a BgeM3EmbeddingModel server is asked for the weights.
+    # As a BgeM3EmbeddingModel server is asked: one name, the task picking the output (vLLM's /pooling), the
+    # dense vectors from /v1/embeddings.
     import httpx
 
     from conftest import running_gateway
 
     with running_gateway(served.served_by.grpc_url, admin_key=served.served_by.admin_key) as base:
-        answer = httpx.post(f"{base}/pooling", json={"model": "m3_sparse", "input": TEXTS[:2],
-                                                     "task": "token_classify"}, timeout=60)
-    assert answer.status_code == 200, answer.text
-    for item, expected_rows in zip(answer.json()["data"], weights[:2]):
-        assert np.shape(item["data"]) == expected_rows.shape and np.abs(item["data"] - expected_rows).max() <= 1e-6
+        answers = {task: httpx.post(f"{base}/pooling", json={"model": "m3", "input": TEXTS[:2], "task": task},
+                                    timeout=60) for task in ("token_classify", "token_embed")}
+        embedded = httpx.post(f"{base}/v1/embeddings", json={"model": "m3", "input": TEXTS[:2]}, timeout=60)
+    for task, rows in (("token_classify", weights), ("token_embed", colbert)):
+        assert answers[task].status_code == 200, answers[task].text
+        for item, expected_rows in zip(answers[task].json()["data"], rows[:2]):
+            assert np.shape(item["data"]) == expected_rows.shape, task
+            assert np.abs(np.asarray(item["data"]) - expected_rows).max() <= 1e-6, task
+    assert embedded.status_code == 200, embedded.text
+    assert np.abs(np.array([d["embedding"] for d in embedded.json()["data"]]) - dense[:2]).max() <= 1e-6
 
 
 def test_a_splade_model_is_served_as_sentence_transformers_sparse_encoder_encodes(served, modern_root: Path) -> None:

@@ -84,6 +84,20 @@ def test_cohere_sdk_v1_and_v2_embed_and_rerank(gateway, http_client) -> None:
     v2 = cohere.ClientV2(base_url=gateway, api_key=API_KEY)
     both = v2.embed(texts=texts, model="minilm", input_type="search_query", embedding_types=["float"])
     assert np.abs(np.array(both.embeddings.float_) - expected).max() <= 1e-6
+    # v2's inputs of one text part each: the same vectors.
+    inputs = [cohere.EmbedInput(content=[cohere.TextEmbedContent(text=text)]) for text in texts]
+    parts = v2.embed(inputs=inputs, model="minilm", input_type="search_query", embedding_types=["float"])
+    assert np.abs(np.array(parts.embeddings.float_) - expected).max() <= 1e-6
+    # max_tokens_per_doc: each document as its first 2 tokens (where transformers' offsets say they end).
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm_path()))
+    cut = [t[: tokenizer(t, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"][1][1]]
+           for t in texts]
+    short = {r.index: r.relevance_score for r in v2.rerank(model="minilm", query=query, documents=texts,
+                                                            max_tokens_per_doc=2).results}
+    assert np.abs(np.array([short[i] for i in range(len(texts))]) - http_client.score(query, cut)).max() <= 1e-6
+    assert np.abs(np.array([short[i] for i in range(len(texts))]) - scores).max() > 1e-3
     for client, documents in ((v1, texts), (v1, [{"text": text} for text in texts]), (v2, texts)):
         ranked = client.rerank(model="minilm", query=query, documents=documents, top_n=2)
         assert [r.index for r in ranked.results] == list(np.argsort(-scores))

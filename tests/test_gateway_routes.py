@@ -477,6 +477,38 @@ def test_models_list_reads_only_what_triton_says(http) -> None:
     assert set(models) == {"emb", "cls"} and models["emb"]["max_model_len"] == 16 and models["emb"]["scoring"]
 
 
+def test_served_model_names_reach_their_model_and_a_shared_one_is_told_apart_by_task(fake) -> None:
+    """--served-model-name: a model answers to its other names too (an OpenAI model name, for one); models
+    exported under one shared name (BGE-M3's dense, lexical and ColBERT exports, as vLLM serves one model)
+    are told apart by the task the request asks for, the model's own name first where none is asked."""
+    fake.server.configs["emb"]["parameters"]["served_names"] = {"string_value": json.dumps(
+        ["text-embedding-3-small", "shared"])}
+    fake.server.configs["cls"]["parameters"]["served_names"] = {"string_value": json.dumps(["shared", "emb"])}
+    with TestClient(create_app("unused:0", client=fake)) as http:
+        assert http.post("/v1/embeddings", json={"model": "text-embedding-3-small", "input": "x"}).status_code == 200
+        assert fake.requests[-1].model == "emb"
+        assert http.post("/v1/embeddings", json={"model": "shared", "input": "x"}).status_code == 200
+        assert fake.requests[-1].model == "emb"
+        assert http.post("/classify", json={"model": "shared", "input": "x"}).status_code == 200
+        assert fake.requests[-1].model == "cls"
+        pooled = http.post("/pooling", json={"model": "shared", "input": "x", "task": "classify"})
+        assert pooled.status_code == 200 and fake.requests[-1].model == "cls"
+        # "emb" is the embedding model's own name: a classify request for it reaches the classifier that
+        # answers to it as well; with no task asked, the model of that name.
+        assert http.post("/classify", json={"model": "emb", "input": "x"}).status_code == 200
+        assert fake.requests[-1].model == "cls"
+        assert http.post("/pooling", json={"model": "emb", "input": "x"}).status_code == 200
+        assert fake.requests[-1].model == "emb"
+        wrong = http.post("/pooling", json={"model": "text-embedding-3-small", "input": "x", "task": "classify"})
+        assert wrong.status_code == 400, wrong.text
+        assert http.post("/v1/embeddings", json={"model": "nope", "input": "x"}).status_code == 404
+        models = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
+        assert set(models) == {"emb", "cls", "text-embedding-3-small", "shared"}
+        assert models["text-embedding-3-small"]["root"] == "emb" and models["shared"]["root"] == "cls"  # by name
+        assert http.get("/info", params={"model": "text-embedding-3-small"}).json()["served_model_name"] == \
+            "text-embedding-3-small"
+
+
 @pytest.mark.parametrize("name", ["../emb", "emb/../../x", "a b"])
 def test_model_names_are_validated(http, name: str) -> None:
     response = http.post("/v1/embeddings", json={"model": name, "input": "x"})
@@ -711,6 +743,27 @@ def test_cohere_input_type_max_tokens_and_priority_reach_triton(http, fake) -> N
     assert "prompt_name" not in fake.requests[-1].parameters
     http.post("/v2/embed", json={"model": "emb", "texts": ["x"], "truncate": "NONE", "max_tokens": 5})
     assert fake.requests[-1].parameters == {"max_tokens": 5}  # over 5 tokens refused by the tokenizer stage
+
+
+def test_cohere_v2_inputs_of_text_embed_as_texts_and_images_are_refused(http, fake) -> None:
+    """Cohere v2's `inputs` (its SDK's EmbedInput of a TextEmbedContent) embed as the same `texts` would; an
+    image, or an input of several parts, is a 400 before anything is sent."""
+    texts = http.post("/v2/embed", json={"model": "emb", "texts": ["ab", "abcd"]}).json()
+    body = {"model": "emb", "inputs": [{"content": [{"type": "text", "text": t}]} for t in ("ab", "abcd")]}
+    inputs = http.post("/v2/embed", json=body)
+    assert inputs.status_code == 200, inputs.text
+    assert inputs.json()["embeddings"] == texts["embeddings"] and inputs.json()["texts"] == ["ab", "abcd"]
+    assert fake.requests[-1].inputs[TEXT] == ["ab", "abcd"]
+    sent = len(fake.requests)
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    for refused in ({"model": "emb", "inputs": [{"content": [image]}]},
+                    {"model": "emb", "inputs": [{"content": [{"type": "text", "text": "a"}, {"type": "text",
+                                                                                           "text": "b"}]}]},
+                    {"model": "emb", "images": ["data:image/png;base64,AAAA"]},
+                    {"model": "emb", "texts": ["a"], "inputs": body["inputs"]}, {"model": "emb"}):
+        answer = http.post("/v2/embed", json=refused)
+        assert answer.status_code == 400, (refused, answer.text)
+    assert len(fake.requests) == sent
 
 
 @pytest.mark.parametrize(("dtype", "endianness", "numpy_type"), [

@@ -24,7 +24,7 @@ from pooltriton.contract.parameters import (
 )
 from pooltriton.core.resolve import resolve
 from pooltriton.core.semantics import Activation, PoolingType, Task, Truncation
-from pooltriton.core.tokenization import InputError, TextTokenizer, cut_text
+from pooltriton.core.tokenization import InputError, TextTokenizer, cut_text, cut_within
 from pooltriton.export.defaults import minilm_path
 
 
@@ -118,6 +118,49 @@ def test_a_text_cut_to_its_first_or_last_tokens_reads_as_the_reference_tokenizer
     assert cut_text("ab\U0001F600c", [(0, 1), (1, 2), (2, 3), (2, 3), (3, 4)], 2, keep_start=False) == "c"
     assert cut_text("\U0001F600c", [(0, 1), (0, 1), (1, 2)], 1) == ""  # the scorer refuses it by name
     assert cut_text("a b", [None, (0, 1), (2, 3), None], 1) == "a"  # special tokens are not the text's
+
+
+@pytest.mark.parametrize("family", ["minilm", "qwen3", "xlmr", "roberta"])
+def test_cut_texts_read_again_within_their_limit(family: str, tmp_path: Path) -> None:
+    """The scorer's cut (cut_within over the model's tokenizer): for WordPiece, byte-level BPE (Qwen, RoBERTa)
+    and Unigram (XLM-R), on texts of accents, CJK and emoji, from either end, every text is within its limit
+    read again, ends (or starts) as the text does, and keeps all of it that fits: never fewer than limit - 2
+    tokens (a word cut in two reads as its own pieces)."""
+    import random
+
+    from tiny_models import build
+
+    folder = minilm_path() if family == "minilm" else build(tmp_path, family, "embed")
+    tokenizer = TextTokenizer(str(folder / "tokenizer.json"), max_length=512)
+
+    def read(texts: list[str]) -> list:
+        return [tokenizer.encoding(text, add_special_tokens=False).offsets for text in texts]
+
+    rng = random.Random(0)
+    alphabet = [*"abcdefghij klmnop qrstu vwxyz ,.-", "é", "漢", "字", "\U0001F600", "ß", " "]
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(5, 80))).strip() or "a" for _ in range(150)]
+    for keep_start in (True, False):
+        for limit in (1, 3, 12):
+            cut = cut_within(texts, limit, keep_start, read)
+            for text, short in zip(texts, cut, strict=True):
+                tokens = len(tokenizer.ids(short, add_special_tokens=False))
+                assert (text.startswith(short) if keep_start else text.endswith(short)), (text, short)
+                whole = len(tokenizer.ids(text, add_special_tokens=False))
+                assert min(whole, max(limit - 2, 1)) <= tokens <= limit, (text, short, tokens)
+    with pytest.raises(InputError, match="leaves nothing of text 1"):
+        cut_within(["ok", "\U0001F600c"], 1, True, lambda texts: [[(0, 1), (1, 2)], [(0, 1), (0, 1), (1, 2)]])
+
+
+@pytest.mark.parametrize(("names", "problem"), [(("name",), "not the model's own"), (("a", "a"), "each name once"),
+                                               (("../x",), "invalid model name")])
+def test_served_model_names_are_checked_at_export(names: tuple[str, ...], problem: str) -> None:
+    from pooltriton.core.capabilities import detect
+    from pooltriton.core.resolve import ResolutionError
+    from pooltriton.export.build import ExportOptions
+
+    with pytest.raises(ResolutionError, match=problem):
+        ExportOptions(name="name", out=Path("unused"), served_model_names=names).check(detect())
+    assert ExportOptions(name="name", out=Path("unused"), served_model_names=("other", "emb-3")).check(detect())
 
 
 def test_a_request_of_no_texts_fails_alone() -> None:

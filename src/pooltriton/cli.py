@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(export)
     export.add_argument("--name", required=True, help="public ensemble name (stages get suffixes)")
     export.add_argument("--out", default="model_repository", help="model repository folder")
+    export.add_argument("--served-model-name", dest="served_model_names", nargs="+", type=str, default=(),
+                        metavar="NAME", help="other names clients may use for the model (vLLM's and TEI's); "
+                        "models sharing a name are told apart by the task a request asks for")
     export.add_argument("--classifier-from-tokens", type=lambda t: tuple(t.split(",")), metavar="[NO,]YES",
                         help="serve a causal LM as a reranker: its one logit is the LM head's YES row minus the "
                         "NO row at the last token, or the YES row alone (vLLM's classifier_from_token; "
@@ -146,7 +149,7 @@ def _export(args: argparse.Namespace) -> int:
 
     # Every option of the export is an argument of the same name.
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(ExportOptions) if hasattr(args, f.name)}
-    options = ExportOptions(**{**given, "out": Path(args.out)})
+    options = ExportOptions(**{**given, "out": Path(args.out), "served_model_names": tuple(args.served_model_names)})
     try:
         export_model(_local(args.model), options)
     except ResolutionError as error:  # what was asked cannot be served: a usage error

@@ -263,6 +263,9 @@ class PoolingService:
         self.admin_headers = admin_headers  # the repository index is one of Triton's restricted APIs
         self._info: dict[str, ModelInfo] = {}
         self.models: dict[str, ServedModel] = {}
+        # Every name a client may use -> the models it names: the model of that name first, then those that
+        # answer to it (--served-model-name), by name; `served` picks among them by task.
+        self.names: dict[str, list[ServedModel]] = {}
         # Admission by work (contract.admission): with a deadline, a request whose estimated wait behind
         # the work this service has in flight exceeds it is refused at once (Overloaded).
         self.deadline_s = deadline_s
@@ -297,14 +300,32 @@ class PoolingService:
             return await config(name)
         return (await self.transport.server.get_model_config(name, as_json=True))["config"]
 
-    async def info(self, model: str | None = None) -> ModelInfo:
-        """Task, outputs and label names of a served ensemble, from its config (cached)."""
+    async def info(self, model: str | None = None, task: str | None = None) -> ModelInfo:
+        """Task, outputs and label names of a served ensemble, from its config (cached); a name it answers
+        to (--served-model-name) is looked up in the repository's models, the one for `task` where several
+        share it."""
         name = self._name(model)
-        if name in self.models:
-            return self.models[name]
+        if name in self.names:
+            return self.served(name, task)
         if name not in self._info:
-            self._info[name] = model_info(name, await self._config(name))
-        return self._info[name]
+            try:
+                self._info[name] = model_info(name, await self._config(name))
+            except InferenceServerException:
+                if name not in (await self.refresh_names()):
+                    raise
+                return self.served(name, task)
+        info = self._info[name]
+        if task is not None and info.task and info.task != task and name in (await self.refresh_names()):
+            return self.served(name, task)  # another model that answers to this name may serve the task
+        return info
+
+    async def refresh_names(self) -> dict[str, list[ServedModel]]:
+        """`refresh`, where the repository index can be read (a restricted API: it may not); the names."""
+        try:
+            await self.refresh()
+        except InferenceServerException:
+            pass
+        return self.names
 
     async def refresh(self) -> dict[str, ServedModel]:
         """Every served pooling model (an ensemble whose config names its task), from the repository index."""
@@ -324,11 +345,17 @@ class PoolingService:
             score = stages(name).score
             models[name] = ServedModel(**vars(model_info(name, config)), scorer=score if score in names else None)
         self.models = models
+        index: dict[str, list[ServedModel]] = {name: [model] for name, model in models.items()}
+        for model in models.values():
+            for alias in model.served_names:
+                index.setdefault(alias, []).append(model)
+        self.names = index
         return models
 
     def served(self, name: str | None, task: str | None = None) -> ServedModel:
-        """A model from the last `refresh`: by name (WrongTask unless it serves `task`), or the first
-        serving `task`."""
+        """A model from the last `refresh`: by name, or a name it answers to (--served-model-name; where
+        several models share one, the one serving `task`; WrongTask unless one does), or the first serving
+        `task`."""
         if name is None:
             candidates = [m for m in self.models.values() if task is None or m.task == task]
             if not candidates:
@@ -336,10 +363,12 @@ class PoolingService:
             return candidates[0]
         if (problem := invalid_model_name(name)) is not None:
             raise RequestError(problem, "model")
-        if name not in self.models:
-            raise ModelNotFound(f"The model `{name}` does not exist. Served: {sorted(self.models)}")
-        check_task(self.models[name], task)
-        return self.models[name]
+        if name not in self.names:
+            raise ModelNotFound(f"The model `{name}` does not exist. Served: {sorted(self.names)}")
+        named = self.names[name]
+        chosen = next((m for m in named if task is None or not m.task or m.task == task), named[0])
+        check_task(chosen, task)
+        return chosen
 
     async def ready(self) -> bool:
         try:
@@ -361,7 +390,7 @@ class PoolingService:
         requests of at most `max_batch` texts sent concurrently and reassembled in order. `priority` is
         vLLM's (lower runs earlier, 0 default), mapped to Triton's levels; `dimensions`: embeddings cut to
         one of the model's Matryoshka sizes (vLLM's and OpenAI's option)."""
-        info = await self.info(model)
+        info = await self.info(model, task)
         check_task(info, task)
         if dimensions is not None and info.task != "embed":
             raise RequestError(f"dimensions applies to embeddings, and model {info.name!r} is {info.task}",
@@ -392,6 +421,8 @@ class PoolingService:
                     priority: int = 0, **options: Any) -> Pooled[np.ndarray]:
         """`<model>_score`: 1:1, 1:N (one query) or N:N (zipped lists)."""
         name = self._name(model)
+        if name in self.names:  # a name it answers to: the model's own (a scorer is ensemble + "_score")
+            name = self.names[name][0].name
         served = self.models.get(name)
         if served is not None and served.scorer is None:
             raise RequestError(f"model {name!r} ({served.task}) cannot score: scoring needs a 1-label classifier "

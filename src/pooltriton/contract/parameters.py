@@ -134,6 +134,9 @@ class EnsembleParameters(StageParameters):
     precision: str | None = None  # the encoder's (fp32, bf16, fp16, int8)
     # One weight per token (BGE-M3's lexical weights): answered [tokens], as vLLM squeezes them, not [tokens, 1].
     token_weights: bool | None = None
+    # Other names the model answers to (vLLM's and TEI's --served-model-name); models that share one are told
+    # apart by the task a request asks for (BGE-M3's three exports under one name, as vLLM serves it).
+    served_names: tuple[str, ...] | None = None
 
 
 STAGE_PARAMETERS = (TokenizerParameters, EncoderParameters, PoolerParameters, ScorerParameters, PluginParameters,

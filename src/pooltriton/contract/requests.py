@@ -113,6 +113,7 @@ class ModelInfo:
     pooling: str | None = None  # the pooling type, the encoder's precision (None: an older export)
     precision: str | None = None
     token_weights: bool = False  # one weight per token, answered [tokens] (False where an export does not say)
+    served_names: tuple[str, ...] = ()  # other names it answers to (--served-model-name)
 
     @property
     def per_token(self) -> bool:
@@ -132,7 +133,7 @@ def model_info(name: str, config: dict) -> ModelInfo:
                      max_length=ensemble.max_length, dimensions=ensemble.matryoshka_dimensions or (),
                      use_activation=ensemble.use_activation, prompts=ensemble.prompts or (), width=width,
                      sparse=bool(ensemble.sparse), pooling=ensemble.pooling, precision=ensemble.precision,
-                     token_weights=bool(ensemble.token_weights))
+                     token_weights=bool(ensemble.token_weights), served_names=ensemble.served_names or ())
 
 
 def text_array(texts: Sequence[str | bytes], batched: bool) -> np.ndarray:

@@ -8,7 +8,7 @@ is used at 256).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +82,10 @@ class TextTokenizer:
     def encoding(self, text: str, add_special_tokens: bool = True) -> Encoding:
         """The text's tokens untruncated, with their strings, character offsets and special-token mask."""
         return self._plain.encode(text, add_special_tokens=add_special_tokens)
+
+    def encodings(self, texts: list[str], add_special_tokens: bool = True) -> list[Encoding]:
+        """`encoding` of each text, in one call (the Rust side runs it in parallel)."""
+        return self._plain.encode_batch(texts, add_special_tokens=add_special_tokens) if texts else []
 
     @property
     def vocab_size(self) -> int:
@@ -230,6 +234,25 @@ def cut_text(text: str, spans: Sequence[tuple[int, int] | None], limit: int, kee
         return text[: real[end - 1][1]] if end else ""
     start = next((k for k in range(len(real) - limit, len(real)) if real[k][0] >= real[k - 1][1]), len(real))
     return text[real[start - 1][1] :] if start < len(real) else ""
+
+
+def cut_within(texts: list[str], limit: int, keep_start: bool,
+               read: Callable[[list[str]], list[Sequence[tuple[int, int] | None]]], rounds: int = 4) -> list[str]:
+    """Texts over `limit` tokens cut (`cut_text`) and read again (`read`: each text's token spans, as the
+    model's tokenizer splits it): a word cut in two can be more pieces alone, so what is still over is cut
+    again; each round shortens it. InputError where a cut leaves nothing."""
+    for _ in range(rounds):
+        spans = read(texts)
+        over = [sum(span is not None for span in row) > limit for row in spans]
+        if not any(over):
+            break
+        texts = [cut_text(text, row, limit, keep_start) if cut else text
+                 for text, row, cut in zip(texts, spans, over, strict=True)]
+        empty = next((index for index, text in enumerate(texts) if not text), None)
+        if empty is not None:
+            raise InputError(f"a limit of {limit} tokens leaves nothing of text {empty}: its "
+                             f"{'first' if keep_start else 'last'} character alone is more tokens")
+    return texts
 
 
 def empty_batch(texts: list[str]) -> InputError | None:

@@ -127,12 +127,16 @@ class ExportOptions:
     # each (query, document) pair is scored as ({query} and {document} replaced).
     classifier_from_tokens: tuple[str, ...] | None = None
     score_template: str | None = None
+    served_model_names: tuple[str, ...] = ()  # other names clients may use (vLLM's --served-model-name)
 
     def check(self, capabilities: Capabilities, quantize: bool = True) -> tuple[Runtime, ExportOptions]:
         """The runtime, and these options with the precision decided (`auto`; int8 only if `quantize`) and
         checked against the CPU."""
-        if (problem := invalid_model_name(self.name)) is not None:
-            raise ResolutionError(problem)
+        for name in (self.name, *self.served_model_names):
+            if (problem := invalid_model_name(name)) is not None:
+                raise ResolutionError(problem)
+        if self.name in self.served_model_names or len(set(self.served_model_names)) < len(self.served_model_names):
+            raise ResolutionError("--served-model-name: each name once, and not the model's own --name")
         runtime = RUNTIMES.get(self.runtime)
         if runtime is None:
             raise ResolutionError(f"runtime must be one of {sorted(RUNTIMES)}, not {self.runtime!r}")
@@ -506,7 +510,8 @@ def _ensemble_config(names: Stages, options: ExportOptions, config: PoolerConfig
         matryoshka_dimensions=tuple(sorted(options.matryoshka_dimensions)) or None,
         use_activation=config.use_activation, prompts=tuple(config.prompts) or None,
         sparse=config.pooling_type.sparse or None, pooling=config.pooling_type.value, precision=options.precision,
-        token_weights=(config.task is Task.TOKEN_CLASSIFY and config.token_head is not None) or None)
+        token_weights=(config.task is Task.TOKEN_CLASSIFY and config.token_head is not None) or None,
+        served_names=tuple(options.served_model_names) or None)
     encoder_output = tensors.pooled.name
     steps = [EnsembleStep(names.tokenizer, {TEXT: TEXT, TEXT_PAIR: TEXT_PAIR},
                           {n: n for n in (*tensors.token_outputs, PROMPT_TOKENS)})]

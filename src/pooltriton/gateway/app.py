@@ -135,9 +135,12 @@ def _version() -> str:
 async def list_models(request: Request):
     serving, service = _serving(request)
     await serving.model(None) if not service.models else None
+    # Every name a client may use (a model's own, then the names it answers to, --served-model-name), as
+    # vLLM lists its served names; `root` is the model a name reaches when no task is asked.
     return {"object": "list", "data": [
-        {"id": m.name, "object": "model", "created": 0, "owned_by": "pooltriton", "task": m.task,
-         "max_model_len": m.max_length, "scoring": m.scorer is not None} for m in service.models.values()]}
+        {"id": name, "object": "model", "created": 0, "owned_by": "pooltriton", "root": models[0].name,
+         "task": models[0].task, "max_model_len": models[0].max_length, "scoring": models[0].scorer is not None}
+        for name, models in service.names.items()]}
 
 
 @router.post("/v1/embeddings")
@@ -159,7 +162,7 @@ async def embeddings(body: EmbeddingRequest, request: Request):
 @router.post("/v2/embed")
 async def cohere_embed(body: CohereEmbedRequest, request: Request):
     embeddings, tokens = await _cohere_embed(body, request, body.embedding_types)
-    return JSON({"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": body.texts,
+    return JSON({"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": body.text_list(),
                  "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}},
                  "response_type": "embeddings_by_type"})
 
@@ -171,7 +174,7 @@ async def cohere_embed_v1(body: CohereEmbedV1Request, request: Request):
     by_type = body.embedding_types is not None
     meta = {"api_version": {"version": "1"}, "billed_units": {"input_tokens": tokens}}
     return JSON({"id": str(uuid.uuid4()), "embeddings": embeddings if by_type else embeddings["float"],
-                 "texts": body.texts, "meta": meta,
+                 "texts": body.text_list(), "meta": meta,
                  "response_type": "embeddings_by_type" if by_type else "embeddings_floats"})
 
 
@@ -186,7 +189,7 @@ async def _cohere_embed(body: CohereEmbedRequest, request: Request, kinds: Seque
         raise APIError(400, str(error), "output_dimension") from None
     check_packing(kinds, body.output_dimension or model.width)
     check_scaling(kinds, model)
-    pooled = await serving(service.encode(body.texts, model=model.name, priority=body.priority,
+    pooled = await serving(service.encode(body.text_list(), model=model.name, priority=body.priority,
                                           dimensions=body.output_dimension, **body.parameters(),
                                           **({"prompt_name": prompt} if prompt else {})),
                            fields={"dimensions": "output_dimension", "input": "texts"})

@@ -107,9 +107,25 @@ class EmbeddingRequest(EmbedAliases):
 CohereType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]  # Cohere's embedding types
 
 
+class CohereContent(BaseModel):
+    """One part of a Cohere v2 input: {"type": "text", "text"} (or "image_url", which is refused)."""
+
+    type: str
+    text: str | None = None
+
+
+class CohereInput(BaseModel):
+    content: list[CohereContent]
+
+
 class CohereEmbedRequest(BaseModel):
+    """Cohere's embed body: `texts`, or v2's `inputs` of one text part each (its SDK's EmbedInput with a
+    TextEmbedContent); `images` and image parts are refused (these models embed text)."""
+
     model: str | None = None
-    texts: list[str]
+    texts: list[str] | None = None
+    inputs: list[CohereInput] | None = None
+    images: list[str] | None = None
     # Picks one of the model's prompts by name (gateway.serving.cohere_prompt); else not used.
     input_type: str | None = Field(None, max_length=200)
     embedding_types: list[CohereType] = ["float"]
@@ -117,6 +133,22 @@ class CohereEmbedRequest(BaseModel):
     truncate: Literal["NONE", "START", "END"] = "END"
     max_tokens: int | None = Field(None, gt=0)  # NONE: longer texts refused; START/END: cut to it
     priority: int = Field(0, ge=-1000, le=1000)
+
+    @model_validator(mode="after")
+    def _texts(self) -> CohereEmbedRequest:
+        given = [name for name in ("texts", "inputs", "images") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError("send one of texts or inputs")
+        if self.images is not None:
+            raise ValueError("images: this server's models embed text; send texts, or inputs of text content")
+        for index, item in enumerate(self.inputs or []):
+            if len(item.content) != 1 or item.content[0].type != "text" or item.content[0].text is None:
+                raise ValueError(f"inputs[{index}]: this server's models embed text: one content part of type "
+                                 '"text" per input')
+        return self
+
+    def text_list(self) -> list[str]:
+        return self.texts if self.texts is not None else [item.content[0].text or "" for item in self.inputs or []]
 
     def parameters(self) -> dict[str, Any]:
         parameters: dict[str, Any] = {} if self.truncate == "NONE" else {"truncate": self.truncate}

@@ -254,7 +254,7 @@ def tei_info(model: ServedModel, version: str, max_batch: int) -> dict[str, Any]
         model_type = {"embedding": {"pooling": pooling}}
     dtype = TEI_DTYPES.get(model.precision or "", model.precision)
     return {"model_id": model.name, "model_sha": None, "model_dtype": dtype,
-            "served_model_name": model.name, "model_type": model_type, "task": model.task,
+            "served_model_name": (model.served_names or (model.name,))[0], "model_type": model_type, "task": model.task,
             "max_input_length": model.max_length, "max_batch_requests": None, "max_client_batch_size": max_batch,
             "auto_truncate": True, "version": version, "sha": None, "docker_label": None}
 

@@ -39,7 +39,7 @@ from pooltriton.contract import (
 from pooltriton.contract.parameters import ScorerParameters
 from pooltriton.contract.requests import TokenPieces
 from pooltriton.core.scoring import cosine, maxsim, pair_up, split_tokens
-from pooltriton.core.tokenization import InputError, cut_text, decode_texts
+from pooltriton.core.tokenization import InputError, cut_within, decode_texts
 
 # vLLM's per-side limits (0: none), read here and not passed on.
 CUTS = ("max_tokens_per_query", "max_tokens_per_doc")
@@ -65,26 +65,17 @@ class TritonPythonModel:
         sides = [queries, documents]
         for index, (name, limit) in enumerate(zip(CUTS, limits)):
             if limit:
-                sides[index] = self._cut_side(sides[index], limit, side != "left", name)
+                try:
+                    sides[index] = cut_within(sides[index], limit, side != "left", self._spans)
+                except InputError as error:
+                    raise InputError(f"{name}: {error}") from None
         return sides[0], sides[1]
 
-    def _cut_side(self, texts: list[str], limit: int, keep_start: bool, name: str) -> list[str]:
-        """Texts over `limit` tokens cut, then read again: a word cut in two can be more pieces alone, so what
-        is still over is cut again (each round shortens it)."""
-        for _ in range(4):
-            pieces = call_model(self.tokenizer, {TEXT: texts}, [TOKEN_PIECES],
-                                {"mode": PIECES, "add_special_tokens": False, "with_prompt": False})
-            split = [TokenPieces.from_json(raw) for raw in pieces[TOKEN_PIECES].reshape(-1)]
-            over = [sum(span is not None for span in p.spans) > limit for p in split]
-            if not any(over):
-                break
-            texts = [cut_text(p.text, p.spans, limit, keep_start) if cut else text
-                     for text, p, cut in zip(texts, split, over)]
-            empty = next((i for i, text in enumerate(texts) if not text), None)
-            if empty is not None:
-                raise InputError(f"{name} {limit} leaves nothing of text {empty}: its "
-                                 f"{'first' if keep_start else 'last'} character alone is more tokens")
-        return texts
+    def _spans(self, texts: list[str]) -> list[list[tuple[int, int] | None]]:
+        """Each text's token spans as the model's tokenizer stage splits it (no special tokens, no prompt)."""
+        pieces = call_model(self.tokenizer, {TEXT: texts}, [TOKEN_PIECES],
+                            {"mode": PIECES, "add_special_tokens": False, "with_prompt": False})
+        return [TokenPieces.from_json(raw).spans for raw in pieces[TOKEN_PIECES].reshape(-1)]
 
     def _call(self, parameters: dict, **inputs: list[str]) -> dict[str, np.ndarray]:
         outputs = [self.output, PROMPT_TOKENS] + ([TOKEN_COUNTS] if self.mode == LATE_INTERACTION else [])

@@ -174,8 +174,7 @@ class TritonPythonModel:
 
     def _pieces(self, texts: list[str], add_special_tokens: bool) -> object:
         pieces = []
-        for text in texts:
-            encoding = self.tokenizer.encoding(text, add_special_tokens)
+        for text, encoding in zip(texts, self.tokenizer.encodings(texts, add_special_tokens), strict=True):
             special = [bool(flag) for flag in encoding.special_tokens_mask]
             spans = [None if flag else (start, stop) for flag, (start, stop) in zip(special, encoding.offsets)]
             pieces.append(TokenPieces(text, encoding.ids, encoding.tokens, special, spans).to_json())
