@@ -256,6 +256,15 @@ def test_bge_m3_served_as_flagembedding_encodes(served, modern_root: Path) -> No
             assert np.abs(np.asarray(item["data"]) - expected_rows).max() <= 1e-6, task
     assert embedded.status_code == 200, embedded.text
     assert np.abs(np.array([d["embedding"] for d in embedded.json()["data"]]) - dense[:2]).max() <= 1e-6
+    # The Python client, with the server's admin key (the repository index), resolves the name the same way.
+    client = PoolingClient(served.served_by.grpc_url, protocol="grpc", admin_key=served.served_by.admin_key)
+    try:
+        for task, rows in (("token_classify", weights), ("token_embed", colbert)):
+            got = client.encode(TEXTS[:2], model="m3", task=task)
+            assert all(np.abs(g - r).max() <= 1e-6 for g, r in zip(got, rows[:2], strict=True)), task
+        assert np.abs(client.embed(TEXTS[:2], model="m3") - dense[:2]).max() <= 1e-6
+    finally:
+        client.close()
 
 
 def test_a_splade_model_is_served_as_sentence_transformers_sparse_encoder_encodes(served, modern_root: Path) -> None:

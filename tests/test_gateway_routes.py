@@ -56,6 +56,9 @@ class FakeServer:
         return {"models": [{"name": name, "state": "READY"} for name in self.configs]}
 
     async def get_model_config(self, name: str, as_json: bool = True) -> dict:
+        if name not in self.configs:  # as Triton answers over gRPC
+            raise InferenceServerException(f"Request for unknown model: '{name}' is not found",
+                                           status="StatusCode.NOT_FOUND")
         return {"config": self.configs[name]}
 
     ready = True
@@ -507,6 +510,35 @@ def test_served_model_names_reach_their_model_and_a_shared_one_is_told_apart_by_
         assert models["text-embedding-3-small"]["root"] == "emb" and models["shared"]["root"] == "cls"  # by name
         assert http.get("/info", params={"model": "text-embedding-3-small"}).json()["served_model_name"] == \
             "text-embedding-3-small"
+        # Every route picks by what it needs: TEI's /embed an embedding model, /rerank and /score one that
+        # can score, /invocations the task its body names, the tokenizer routes the name's model.
+        assert http.post("/embed", json={"model": "shared", "inputs": "x"}).status_code == 200
+        assert fake.requests[-1].model == "emb"
+        assert http.post("/rerank", json={"model": "shared", "query": "q", "documents": ["d"]}).status_code == 200
+        assert fake.requests[-1].model == "emb_score"
+        assert http.post("/score", json={"model": "shared", "text_1": "q", "text_2": "d"}).status_code == 200
+        assert fake.requests[-1].model == "emb_score"
+        invoked = http.post("/invocations", json={"model": "shared", "input": "x", "task": "embed"})
+        assert invoked.status_code == 200 and fake.requests[-1].model == "emb" and "data" in invoked.json()
+        assert http.post("/tokenize", json={"model": "text-embedding-3-small", "prompt": "x"}).status_code == 200
+        assert fake.requests[-1].model == "emb_tokenizer"
+
+    # The Python client's service, over the same fake: the same names, the labels of the model that answered.
+    import asyncio
+
+    from pooltriton.client.service import PoolingService
+
+    async def client_side() -> None:
+        service = PoolingService(fake, model=None)
+        assert (await service.info("shared", "classify")).name == "cls"
+        assert (await service.info("shared", "classify")).labels == ("no", "yes")
+        assert (await service.info("text-embedding-3-small")).name == "emb"
+        scored = await service.score("q", ["d"], model="shared")
+        assert fake.requests[-1].model == "emb_score" and scored.values.shape == (1,)
+        await service.tokenize("x", model="text-embedding-3-small")
+        assert fake.requests[-1].model == "emb_tokenizer"
+
+    asyncio.run(client_side())
 
 
 @pytest.mark.parametrize("name", ["../emb", "emb/../../x", "a b"])

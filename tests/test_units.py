@@ -152,7 +152,8 @@ def test_cut_texts_read_again_within_their_limit(family: str, tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(("names", "problem"), [(("name",), "not the model's own"), (("a", "a"), "each name once"),
-                                               (("../x",), "invalid model name")])
+                                               (("../x",), "invalid model name"),
+                                               (("name_score",), "not the model's own")])
 def test_served_model_names_are_checked_at_export(names: tuple[str, ...], problem: str) -> None:
     from pooltriton.core.capabilities import detect
     from pooltriton.core.resolve import ResolutionError

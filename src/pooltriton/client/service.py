@@ -81,6 +81,10 @@ def check_task(model: ModelInfo, task: str | None) -> None:
         raise WrongTask(model, task)
 
 
+# A name not found refreshes the model list at most this often (a refresh reads every model's config).
+REFRESH_EVERY_S = 5.0
+
+
 class ModelNotFound(LookupError):
     """No served model of that name or task (HTTP 404)."""
 
@@ -266,6 +270,7 @@ class PoolingService:
         # Every name a client may use -> the models it names: the model of that name first, then those that
         # answer to it (--served-model-name), by name; `served` picks among them by task.
         self.names: dict[str, list[ServedModel]] = {}
+        self._refreshed_at = -REFRESH_EVERY_S
         # Admission by work (contract.admission): with a deadline, a request whose estimated wait behind
         # the work this service has in flight exceeds it is refused at once (Overloaded).
         self.deadline_s = deadline_s
@@ -300,31 +305,35 @@ class PoolingService:
             return await config(name)
         return (await self.transport.server.get_model_config(name, as_json=True))["config"]
 
-    async def info(self, model: str | None = None, task: str | None = None) -> ModelInfo:
-        """Task, outputs and label names of a served ensemble, from its config (cached); a name it answers
-        to (--served-model-name) is looked up in the repository's models, the one for `task` where several
-        share it."""
+    async def info(self, model: str | None = None, task: str | None = None, scoring: bool = False) -> ModelInfo:
+        """Task, outputs and label names of a served ensemble, from its config (cached). A name models answer
+        to (--served-model-name) is looked up in the repository's models (`served`: the one for `task`, or
+        that can score), where the repository index can be read."""
         name = self._name(model)
         if name in self.names:
-            return self.served(name, task)
+            return self.served(name, task, scoring)
         if name not in self._info:
             try:
                 self._info[name] = model_info(name, await self._config(name))
-            except InferenceServerException:
-                if name not in (await self.refresh_names()):
+            except InferenceServerException as error:  # no model of that name: perhaps a name one answers to
+                if protocol.classify(error).status not in (400, 404) or name not in await self.refresh_names():
                     raise
-                return self.served(name, task)
+                return self.served(name, task, scoring)
         info = self._info[name]
-        if task is not None and info.task and info.task != task and name in (await self.refresh_names()):
-            return self.served(name, task)  # another model that answers to this name may serve the task
+        if task is not None and info.task and info.task != task and name in await self.refresh_names():
+            return self.served(name, task, scoring)  # another model that answers to this name may serve it
         return info
 
     async def refresh_names(self) -> dict[str, list[ServedModel]]:
-        """`refresh`, where the repository index can be read (a restricted API: it may not); the names."""
-        try:
-            await self.refresh()
-        except InferenceServerException:
-            pass
+        """`refresh` for a name not found, at most every REFRESH_EVERY_S (it reads every model's config),
+        where the repository index can be read (an admin API: it may not); the names."""
+        now = time.monotonic()
+        if now - self._refreshed_at >= REFRESH_EVERY_S:
+            self._refreshed_at = now
+            try:
+                await self.refresh()
+            except InferenceServerException:
+                pass
         return self.names
 
     async def refresh(self) -> dict[str, ServedModel]:
@@ -352,10 +361,10 @@ class PoolingService:
         self.names = index
         return models
 
-    def served(self, name: str | None, task: str | None = None) -> ServedModel:
+    def served(self, name: str | None, task: str | None = None, scoring: bool = False) -> ServedModel:
         """A model from the last `refresh`: by name, or a name it answers to (--served-model-name; where
-        several models share one, the one serving `task`; WrongTask unless one does), or the first serving
-        `task`."""
+        several models share one, the first serving `task`, or with `scoring` the first that can score;
+        WrongTask unless one serves the task), or without a name the first serving `task`."""
         if name is None:
             candidates = [m for m in self.models.values() if task is None or m.task == task]
             if not candidates:
@@ -366,7 +375,8 @@ class PoolingService:
         if name not in self.names:
             raise ModelNotFound(f"The model `{name}` does not exist. Served: {sorted(self.names)}")
         named = self.names[name]
-        chosen = next((m for m in named if task is None or not m.task or m.task == task), named[0])
+        chosen = next((m for m in named if (task is None or m.task == task) and (not scoring or m.scorer)),
+                      named[0])
         check_task(chosen, task)
         return chosen
 
@@ -420,9 +430,7 @@ class PoolingService:
     async def score(self, query: str | Sequence[str], documents: str | Sequence[str], *, model: str | None = None,
                     priority: int = 0, **options: Any) -> Pooled[np.ndarray]:
         """`<model>_score`: 1:1, 1:N (one query) or N:N (zipped lists)."""
-        name = self._name(model)
-        if name in self.names:  # a name it answers to: the model's own (a scorer is ensemble + "_score")
-            name = self.names[name][0].name
+        name = (await self.info(model, scoring=True)).name  # a name it answers to: the model's own
         served = self.models.get(name)
         if served is not None and served.scorer is None:
             raise RequestError(f"model {name!r} ({served.task}) cannot score: scoring needs a 1-label classifier "
@@ -489,7 +497,7 @@ class PoolingService:
     async def _tokenizer_calls(self, model: str | None, texts: Sequence[str], outputs: tuple[str, ...],
                                parameters: dict[str, Any]) -> list[dict[str, np.ndarray]]:
         """The model's tokenizer stage over `texts` in requests of at most `max_batch`, results in order."""
-        tokenizer = stages(self._name(model)).tokenizer
+        tokenizer = stages((await self.info(model)).name).tokenizer  # a name it answers to: the model's own
         requests = [TritonRequest(tokenizer, {TEXT: list(texts[start : start + self.max_batch])}, outputs,
                                   parameters, True) for start in range(0, len(texts), self.max_batch)]
         return list(await asyncio.gather(*(self.transport.infer(r) for r in requests)))

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from pooltriton.client.service import Pooled, PoolingService, RerankResult, TritonTransport
-from pooltriton.contract import MAX_BATCH_SIZE
+from pooltriton.contract import MAX_BATCH_SIZE, admin_headers
 from pooltriton.contract.requests import RETRIES, ModelInfo, TokenPieces
 
 T = TypeVar("T")
@@ -58,11 +58,15 @@ class AsyncPoolingClient:
     """asyncio client: the pooling service's answers without their usage. Every call retries on
     UNAVAILABLE with exponential backoff; `priority` is vLLM's (lower runs earlier, 0 default).
     `timeout_s`: each inference's deadline, retries included, also sent to Triton as the request's
-    timeout, so a stage drops work that waited in its queue past it (service.TritonTransport)."""
+    timeout, so a stage drops work that waited in its queue past it (service.TritonTransport). `admin_key`
+    (the server's, `pooltriton serve` prints where it is): the repository index, so that names models
+    answer to (--served-model-name) resolve here as at the gateway."""
 
     def __init__(self, url: str | None = None, protocol: str = "grpc", model: str = "minilm",
-                 max_batch: int = MAX_BATCH_SIZE, retries: int = RETRIES, timeout_s: float | None = None) -> None:
-        self.service = PoolingService(TritonTransport(url, protocol, retries, timeout_s), model, max_batch)
+                 max_batch: int = MAX_BATCH_SIZE, retries: int = RETRIES, timeout_s: float | None = None,
+                 admin_key: str | None = None) -> None:
+        self.service = PoolingService(TritonTransport(url, protocol, retries, timeout_s), model, max_batch,
+                                      admin_headers=admin_headers(admin_key, protocol) if admin_key else None)
 
     @property
     def server(self) -> Any:
@@ -78,9 +82,10 @@ class AsyncPoolingClient:
     async def __aexit__(self, *_exc: object) -> None:
         await self.close()
 
-    async def info(self, model: str | None = None) -> ModelInfo:
-        """Task, outputs and label names of a served ensemble, from its config (cached)."""
-        return await self.service.info(model)
+    async def info(self, model: str | None = None, task: str | None = None) -> ModelInfo:
+        """Task, outputs and label names of a served ensemble, from its config (cached); of the one serving
+        `task` among models that share a name (--served-model-name)."""
+        return await self.service.info(model, task)
 
     async def encode(self, texts: str | Sequence[str], *, model: str | None = None, task: str | None = None,
                      pairs: Sequence[str] | None = None, priority: int = 0,
@@ -105,12 +110,12 @@ class AsyncPoolingClient:
                        pairs: Sequence[str] | None = None, **options: Any) -> Classification:
         """Class probabilities per text (or per (text, pair) for cross-encoders) with label names."""
         values = await self.encode(texts, model=model, pairs=pairs, task="classify", **options)
-        return Classification(values, (await self.info(model)).labels)
+        return Classification(values, (await self.info(model, "classify")).labels)
 
     async def classify_tokens(self, texts: str | Sequence[str], *, model: str | None = None,
                               **options: Any) -> TokenClassification:
         values = await self.encode(texts, model=model, task="token_classify", **options)
-        return TokenClassification(values, (await self.info(model)).labels)
+        return TokenClassification(values, (await self.info(model, "token_classify")).labels)
 
     async def score(self, query: str | Sequence[str], documents: str | Sequence[str], *, model: str | None = None,
                     priority: int = 0, **options: Any) -> np.ndarray:
@@ -158,13 +163,14 @@ class PoolingClient:
     """Blocking client: the asyncio client's methods, run on a private event loop thread."""
 
     def __init__(self, url: str | None = None, protocol: str = "http", model: str = "minilm",
-                 max_batch: int = MAX_BATCH_SIZE, retries: int = RETRIES, timeout_s: float | None = None) -> None:
+                 max_batch: int = MAX_BATCH_SIZE, retries: int = RETRIES, timeout_s: float | None = None,
+                 admin_key: str | None = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="pooltriton-client", daemon=True)
         self._thread.start()
 
         async def make() -> AsyncPoolingClient:  # tritonclient's aio clients belong to the loop they run on
-            return AsyncPoolingClient(url, protocol, model, max_batch, retries, timeout_s)
+            return AsyncPoolingClient(url, protocol, model, max_batch, retries, timeout_s, admin_key)
 
         try:
             self._async = self._run(make())
@@ -198,8 +204,8 @@ class PoolingClient:
     def service(self) -> PoolingService:
         return self._async.service
 
-    def info(self, model: str | None = None) -> ModelInfo:
-        return self._run(self._async.info(model))
+    def info(self, model: str | None = None, task: str | None = None) -> ModelInfo:
+        return self._run(self._async.info(model, task))
 
     def encode(self, texts: str | Sequence[str], **options: Any) -> np.ndarray | list[np.ndarray]:
         return self._run(self._async.encode(texts, **options))

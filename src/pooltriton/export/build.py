@@ -135,8 +135,10 @@ class ExportOptions:
         for name in (self.name, *self.served_model_names):
             if (problem := invalid_model_name(name)) is not None:
                 raise ResolutionError(problem)
-        if self.name in self.served_model_names or len(set(self.served_model_names)) < len(self.served_model_names):
-            raise ResolutionError("--served-model-name: each name once, and not the model's own --name")
+        if set(self.served_model_names) & set(stages(self.name)) or \
+                len(set(self.served_model_names)) < len(self.served_model_names):
+            raise ResolutionError("--served-model-name: each name once, and not the model's own --name or one of "
+                                  "its stages' (<name>_tokenizer, _encoder, _pooler, _score)")
         runtime = RUNTIMES.get(self.runtime)
         if runtime is None:
             raise ResolutionError(f"runtime must be one of {sorted(RUNTIMES)}, not {self.runtime!r}")

@@ -391,7 +391,7 @@ async def classify(body: ClassifyRequest, request: Request):
 
 async def score_route(body: ScoreRequest, request: Request):
     serving, service = _serving(request)
-    model = await serving.model(body.model)
+    model = await serving.model(body.model, scoring=True)
     (first, left), (second, right) = body.pair()
     queries, documents = as_texts(left, first), as_texts(right, second)
     pooled = await serving(service.score(queries, documents, model=model.name, priority=body.priority,
@@ -406,7 +406,7 @@ async def rerank_route(body: RerankRequest, request: Request):
     if body.tei:
         _answer_as_tei(request)
     serving, service = _serving(request)
-    model = await serving.model(body.model)
+    model = await serving.model(body.model, scoring=True)
     ranked = await serving(service.rerank(body.query, body.candidates(), model=model.name, top_n=body.top_n or None,
                                           priority=body.priority, **body.parameters()))
     if body.tei:  # text-embeddings-inference's answer: [{index, score, text?}], highest first
@@ -461,10 +461,13 @@ async def invocations(request: Request, model: str | None = None):
     served. Errors in this gateway's (OpenAI's) shape."""
     body = await _json_body(request)
     name = body.get("model") if isinstance(body, dict) else None
-    served = await _serving(request)[0].model(name if isinstance(name, str) else model)
+    # A body that names its task (/pooling's) is for the model serving it, and is read as /pooling's first.
+    task = body.get("task") if isinstance(body, dict) and isinstance(body.get("task"), str) else None
+    served = await _serving(request)[0].model(name if isinstance(name, str) else model, task)
     if isinstance(body, dict) and name is None:
         body = {**body, "model": served.name}
-    candidates = [(kind, route) for kind, route, serves in INVOCATIONS if serves(served)]
+    order = sorted(INVOCATIONS, key=lambda entry: task is None or entry[0] is not PoolingRequest)
+    candidates = [(kind, route) for kind, route, serves in order if serves(served)]
     for kind, route in candidates:
         try:
             parsed = kind.model_validate(body)

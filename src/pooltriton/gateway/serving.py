@@ -39,17 +39,22 @@ class Serving:
     def __init__(self, service: PoolingService) -> None:
         self.service = service
 
-    async def model(self, name: str | None, task: str | None = None, route: str | None = None) -> ServedModel:
+    async def model(self, name: str | None, task: str | None = None, route: str | None = None,
+                    scoring: bool = False) -> ServedModel:
         """The served model a body names, which must serve `task` where one is given (vLLM answers 400,
-        "the model does not support" the route's API), or the first for `task`; the model list is read on
-        first use. `route`: the asking route, where its body names the task (/pooling)."""
+        "the model does not support" the route's API), or the first for `task`; among models that share a
+        name (--served-model-name) the one serving `task` (with `scoring`: the first that can score). The
+        model list is read on first use, and again (at most every few seconds) for a name not in it: a model
+        loaded since. `route`: the asking route, where its body names the task (/pooling)."""
         if not self.service.models:
             try:
                 await self.service.refresh()
             except InferenceServerException as error:
                 raise APIError(503, f"Triton is unavailable: {error.message()}") from None
+        elif name is not None and name not in self.service.names:
+            await self.service.refresh_names()
         try:
-            return self.service.served(name, task)
+            return self.service.served(name, task, scoring)
         except WrongTask as error:
             raise wrong_task(error, route) from None
         except RequestError as error:
@@ -211,6 +216,10 @@ async def tei_model(serving: Serving, name: str | None, task: str, sparse: bool 
         if not kind:
             raise APIError(404, f"no served {'SPLADE ' if sparse else ''}{TEI_KINDS[task]}", "model")
         return kind[0]
+    # Of the models that answer to the name (--served-model-name), the first of the route's kind.
+    fits = [m for m in serving.service.names.get(name, [model]) if m.task == task and (m.sparse or not sparse)]
+    if fits:
+        return fits[0]
     if model.task != task:
         article = "an" if TEI_KINDS[task][0] in "aeiou" else "a"
         raise APIError(424, f"Model {name!r} is not {article} {TEI_KINDS[task]} "
