@@ -162,7 +162,7 @@ async def embeddings(body: EmbeddingRequest, request: Request):
 @router.post("/v2/embed")
 async def cohere_embed(body: CohereEmbedRequest, request: Request):
     embeddings, tokens = await _cohere_embed(body, request, body.embedding_types)
-    return JSON({"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": body.text_list(),
+    return JSON({"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": body.texts,
                  "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}},
                  "response_type": "embeddings_by_type"})
 
@@ -174,7 +174,7 @@ async def cohere_embed_v1(body: CohereEmbedV1Request, request: Request):
     by_type = body.embedding_types is not None
     meta = {"api_version": {"version": "1"}, "billed_units": {"input_tokens": tokens}}
     return JSON({"id": str(uuid.uuid4()), "embeddings": embeddings if by_type else embeddings["float"],
-                 "texts": body.text_list(), "meta": meta,
+                 "texts": body.texts, "meta": meta,
                  "response_type": "embeddings_by_type" if by_type else "embeddings_floats"})
 
 
@@ -189,7 +189,7 @@ async def _cohere_embed(body: CohereEmbedRequest, request: Request, kinds: Seque
         raise APIError(400, str(error), "output_dimension") from None
     check_packing(kinds, body.output_dimension or model.width)
     check_scaling(kinds, model)
-    pooled = await serving(service.encode(body.text_list(), model=model.name, priority=body.priority,
+    pooled = await serving(service.encode(body.texts, model=model.name, priority=body.priority,
                                           dimensions=body.output_dimension, **body.parameters(),
                                           **({"prompt_name": prompt} if prompt else {})),
                            fields={"dimensions": "output_dimension", "input": "texts"})

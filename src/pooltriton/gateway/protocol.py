@@ -145,10 +145,9 @@ class CohereEmbedRequest(BaseModel):
             if len(item.content) != 1 or item.content[0].type != "text" or item.content[0].text is None:
                 raise ValueError(f"inputs[{index}]: this server's models embed text: one content part of type "
                                  '"text" per input')
+        if self.inputs is not None:  # read as the texts they are
+            self.texts = [item.content[0].text or "" for item in self.inputs]
         return self
-
-    def text_list(self) -> list[str]:
-        return self.texts if self.texts is not None else [item.content[0].text or "" for item in self.inputs or []]
 
     def parameters(self) -> dict[str, Any]:
         parameters: dict[str, Any] = {} if self.truncate == "NONE" else {"truncate": self.truncate}
