@@ -488,8 +488,9 @@ def test_served_model_names_reach_their_model_and_a_shared_one_is_told_apart_by_
         ["text-embedding-3-small", "shared"])}
     fake.server.configs["cls"]["parameters"]["served_names"] = {"string_value": json.dumps(["shared", "emb"])}
     with TestClient(create_app("unused:0", client=fake)) as http:
-        assert http.post("/v1/embeddings", json={"model": "text-embedding-3-small", "input": "x"}).status_code == 200
-        assert fake.requests[-1].model == "emb"
+        aliased = http.post("/v1/embeddings", json={"model": "text-embedding-3-small", "input": "x"})
+        assert aliased.status_code == 200 and fake.requests[-1].model == "emb"
+        assert aliased.json()["model"] == "text-embedding-3-small"  # the name asked for, as vLLM answers
         assert http.post("/v1/embeddings", json={"model": "shared", "input": "x"}).status_code == 200
         assert fake.requests[-1].model == "emb"
         assert http.post("/classify", json={"model": "shared", "input": "x"}).status_code == 200
@@ -514,10 +515,13 @@ def test_served_model_names_reach_their_model_and_a_shared_one_is_told_apart_by_
         # can score, /invocations the task its body names, the tokenizer routes the name's model.
         assert http.post("/embed", json={"model": "shared", "inputs": "x"}).status_code == 200
         assert fake.requests[-1].model == "emb"
-        assert http.post("/rerank", json={"model": "shared", "query": "q", "documents": ["d"]}).status_code == 200
-        assert fake.requests[-1].model == "emb_score"
-        assert http.post("/score", json={"model": "shared", "text_1": "q", "text_2": "d"}).status_code == 200
-        assert fake.requests[-1].model == "emb_score"
+        reranked = http.post("/rerank", json={"model": "shared", "query": "q", "documents": ["d"]})
+        assert reranked.status_code == 200 and fake.requests[-1].model == "emb_score"
+        scored = http.post("/score", json={"model": "shared", "text_1": "q", "text_2": "d"})
+        assert scored.status_code == 200 and fake.requests[-1].model == "emb_score"
+        assert reranked.json()["model"] == scored.json()["model"] == "shared"
+        unnamed = http.post("/pooling", json={"input": "x"}).json()["model"]
+        assert unnamed == fake.requests[-1].model  # none asked: the model's own name
         invoked = http.post("/invocations", json={"model": "shared", "input": "x", "task": "embed"})
         assert invoked.status_code == 200 and fake.requests[-1].model == "emb" and "data" in invoked.json()
         assert http.post("/tokenize", json={"model": "text-embedding-3-small", "prompt": "x"}).status_code == 200

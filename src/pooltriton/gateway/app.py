@@ -155,8 +155,10 @@ async def embeddings(body: EmbeddingRequest, request: Request):
              "embedding": base64_vector(v, body.embed_dtype, body.endianness) if body.encoding_format == "base64"
              else v}
             for i, v in enumerate(vectors)]
-    return JSON({"id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model.name,
-                 "data": data, "usage": usage(pooled.tokens)})
+    # The name the client asked for (an alias, --served-model-name) is the one answered, as vLLM answers with its
+    # served name; with none asked, the model's own.
+    return JSON({"id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                 "model": body.model or model.name, "data": data, "usage": usage(pooled.tokens)})
 
 
 @router.post("/v2/embed")
@@ -386,7 +388,7 @@ async def classify(body: ClassifyRequest, request: Request):
     data = [{"index": i, "label": model.labels[int(p.argmax())] if model.labels else int(p.argmax()),
              "probs": p.tolist(), "num_classes": len(p)} for i, p in enumerate(pooled.values)]
     return JSON({"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-                 "model": model.name, "data": data, "usage": usage(pooled.tokens)})
+                 "model": body.model or model.name, "data": data, "usage": usage(pooled.tokens)})
 
 
 async def score_route(body: ScoreRequest, request: Request):
@@ -397,8 +399,8 @@ async def score_route(body: ScoreRequest, request: Request):
     pooled = await serving(service.score(queries, documents, model=model.name, priority=body.priority,
                                          **body.parameters()))
     return {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-            "model": model.name, "data": [{"index": i, "object": "score", "score": float(s)}
-                                          for i, s in enumerate(pooled.values)],
+            "model": body.model or model.name,
+            "data": [{"index": i, "object": "score", "score": float(s)} for i, s in enumerate(pooled.values)],
             "usage": usage(pooled.tokens)}
 
 
@@ -418,7 +420,7 @@ async def rerank_route(body: RerankRequest, request: Request):
         if body.return_documents:
             item["document"] = {"text": result.document}
         results.append(item)
-    return {"id": f"rerank-{uuid.uuid4().hex}", "model": model.name, "results": results,
+    return {"id": f"rerank-{uuid.uuid4().hex}", "model": body.model or model.name, "results": results,
             "usage": usage(ranked.tokens)}
 
 
@@ -437,8 +439,9 @@ async def pooling(body: PoolingRequest, request: Request):
     pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **body.parameters(),
                                           **input_format))
     return JSON({"id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-                 "model": model.name, "data": [{"index": i, "object": "pooling", "data": np.asarray(v).tolist()}
-                                               for i, v in enumerate(pooled.values)],
+                 "model": body.model or model.name,
+                 "data": [{"index": i, "object": "pooling", "data": np.asarray(v).tolist()}
+                          for i, v in enumerate(pooled.values)],
                  "usage": usage(pooled.tokens)})
 
 
