@@ -274,9 +274,10 @@ def test_errors_have_the_openai_shape(http, path, payload, status, message) -> N
     assert message in error["message"] and error["code"] == status and error["type"]
 
 
-@pytest.mark.parametrize(("tokens", "side"), [(-1, None), (-1, "right"), (10, None), (10, "right"), (256, "left")])
+@pytest.mark.parametrize(("tokens", "side"), [(-1, None), (-1, "left"), (10, None), (10, "left"), (256, "right")])
 def test_truncate_prompt_tokens(http, minilm_st, tokens, side) -> None:
-    """vLLM's option: keep the last k tokens (left truncation) unless truncation_side is right."""
+    """vLLM's option: keep the first k tokens (vLLM loads a pooling model's tokenizer with truncation_side
+    right), the last k with truncation_side left."""
     long = " ".join(f"w{i}" for i in range(400))
     payload = {"model": "minilm", "input": long, "truncate_prompt_tokens": tokens}
     if side:
@@ -284,7 +285,7 @@ def test_truncate_prompt_tokens(http, minilm_st, tokens, side) -> None:
     body = http.post("/v1/embeddings", json=payload).json()
     limit = 256 if tokens == -1 else min(tokens, 256)
     assert body["usage"]["prompt_tokens"] == limit  # the tokens the model read, not the untruncated length
-    minilm_st.max_seq_length, minilm_st.tokenizer.truncation_side = limit, side or "left"
+    minilm_st.max_seq_length, minilm_st.tokenizer.truncation_side = limit, side or "right"
     try:
         expected = minilm_st.encode([long], normalize_embeddings=True)[0]
     finally:

@@ -143,7 +143,7 @@ def test_embeddings_are_chunked_reassembled_in_order_with_served_usage(http, fak
 def test_priority_and_truncation_reach_triton(http, fake, priority: int, level: int) -> None:
     http.post("/v1/embeddings", json={"model": "emb", "input": "x", "priority": priority, "truncate_prompt_tokens": 5})
     request = fake.requests[-1]
-    assert request.priority == level and request.parameters == {"truncate": "START", "max_tokens": 5}
+    assert request.priority == level and request.parameters == {"truncate": "END", "max_tokens": 5}
 
 
 def test_errors_are_classified_by_status_code(http) -> None:
@@ -271,14 +271,18 @@ def test_text_embeddings_inference_routes_answer_in_its_shapes_and_codes() -> No
         assert busy.headers["retry-after"] == "1"
 
         # /predict: one text, a pair ([a, b] is one pair in TEI), a batch mixing both; labels highest first
+        # TEI's activation whatever the model's (it asks for logits): softmax over the fake's logits [3, 4]
         one = http.post("/predict", json={"inputs": "abc"})  # no model: the first classifier
-        assert one.json() == [{"score": 4, "label": "yes"}, {"score": 3, "label": "no"}]
+        top = float(np.exp(4) / (np.exp(3) + np.exp(4)))
+        assert one.json() == [{"score": pytest.approx(top), "label": "yes"},
+                              {"score": pytest.approx(1 - top), "label": "no"}]
         assert http.post("/predict", json={"inputs": ["abc"]}).json() == one.json()  # one text, not a batch
-        assert fake.requests[-1].model == "cls" and fake.requests[-1].parameters["use_activation"] is True
+        assert fake.requests[-1].model == "cls" and fake.requests[-1].parameters["use_activation"] is False
         pair = http.post("/predict", json={"model": "cls", "inputs": ["abc", "de"], "raw_scores": True})
-        assert pair.json()[0]["label"] == "yes" and fake.requests[-1].inputs[TEXT_PAIR] == ["de"]
+        assert pair.json()[0] == {"score": 4, "label": "yes"} and fake.requests[-1].inputs[TEXT_PAIR] == ["de"]
         assert fake.requests[-1].parameters["use_activation"] is False
-        batch = http.post("/predict", json={"model": "cls", "inputs": [["abcd"], ["a", "b"], ["xy"]]}).json()
+        batch = http.post("/predict", json={"model": "cls", "raw_scores": True,
+                                            "inputs": [["abcd"], ["a", "b"], ["xy"]]}).json()
         assert [answer[0]["score"] for answer in batch] == [5, 2, 3]
         assert sorted(map(len, (r.inputs[TEXT] for r in fake.requests[-2:]))) == [1, 2]  # the pairs, the rest
         wrong = http.post("/predict", json={"model": "emb", "inputs": "abc"})
@@ -301,12 +305,21 @@ def test_text_embeddings_inference_post_root_info_similarity_decode_and_embed_al
         assert http.post("/", json={"model": "emb", "inputs": "abc"}).json() == [[3, 4, 5, 6]]  # /embed
         assert fake.requests[-1].model == "emb" and fake.requests[-1].parameters["use_activation"] is True
         # no model: the first served by name (cls), a classifier: /predict
-        assert http.post("/", json={"inputs": "abc"}).json()[0] == {"score": 4, "label": "yes"}
+        assert http.post("/", json={"inputs": "abc", "raw_scores": True}).json()[0] == {"score": 4, "label": "yes"}
         assert fake.requests[-1].model == "cls"
         assert http.post("/", json={"model": "spl", "inputs": "abc"}).json() == [[{"index": 1, "value": 4.0},
                                                                                   {"index": 3, "value": 6.0}]]
         ranked = http.post("/", json={"model": "rr", "query": "q", "texts": ["long text", "ab"]}).json()
         assert [r["index"] for r in ranked] == [1, 0] and fake.requests[-1].model == "rr_score"
+        # TEI's /rerank body names no model: the cross-encoder (not emb, first by name, whose cosine could score),
+        # its logit through TEI's sigmoid whatever the model's own activation
+        unnamed = http.post("/rerank", json={"query": "q", "texts": ["ab"]}).json()
+        assert fake.requests[-1].model == "rr_score" and fake.requests[-1].parameters["use_activation"] is False
+        assert unnamed == [{"index": 0, "score": pytest.approx(1 / (1 + np.exp(-1 / 3)))}]
+        assert http.post("/rerank", json={"query": "q", "texts": ["ab"], "raw_scores": True}).json()[0]["score"] == \
+            pytest.approx(1 / 3)
+        assert http.post("/rerank", json={"query": "q", "documents": "ab"}).json()["results"][0]["index"] == 0
+        assert fake.requests[-1].model == "rr_score"  # vLLM's body too; one text for documents, as vLLM wraps it
         similar = http.post("/", json={"inputs": {"source_sentence": "q", "sentences": ["a", "bcd"]},
                                        "parameters": {"truncate": False, "prompt_name": "query"}})
         assert np.allclose(similar.json(), [1 / 2, 1 / 4]), similar.text
@@ -349,7 +362,7 @@ def test_text_embeddings_inference_post_root_info_similarity_decode_and_embed_al
                   (http.post("/decode", json={"ids": [[]], "model": 3}), 422, "Validation", "model"),
                   (http.post("/embed_all", json={"model": "emb", "inputs": "a"}), 424, "Backend",
                    "is not a token embedding model"),
-                  (http.post("/embed_all", json={"inputs": "a"}), 404, "Validation", "no served token embedding")]
+                  (http.post("/embed_all", json={"inputs": "a"}), 424, "Backend", "no served token embedding")]
         for response, status, kind, message in errors:
             assert response.status_code == status, response.text
             assert response.json()["error_type"] == kind and message in response.json()["error"], response.text
@@ -411,15 +424,15 @@ def test_rerank_and_score_carry_documents_and_usage(http, fake) -> None:
 
 
 def test_score_and_rerank_pass_vllms_per_side_token_limits_to_the_scorer(http, fake) -> None:
-    """max_tokens_per_query / max_tokens_per_doc reach the scorer stage (which cuts), with truncation_side where
-    given; 0 is no cut (nothing sent), a negative limit is refused before anything is sent."""
+    """max_tokens_per_query / max_tokens_per_doc reach the scorer stage (which cuts each side to its first
+    tokens); truncation_side is truncate_prompt_tokens' side, not theirs (vLLM); 0 is no cut (nothing sent), a
+    negative limit is refused before anything is sent."""
     body = {"model": "emb", "query": "q", "documents": ["a b c"], "max_tokens_per_doc": 2}
     assert http.post("/v2/rerank", json=body).status_code == 200
     assert fake.requests[-1].parameters == {"max_tokens_per_doc": 2}
     left = http.post("/score", json={"model": "emb", "queries": "q", "documents": ["d"], "max_tokens_per_query": 3,
                                      "max_tokens_per_doc": 0, "truncation_side": "left"})
-    assert left.status_code == 200 and fake.requests[-1].parameters == {"max_tokens_per_query": 3,
-                                                                         "truncation_side": "left"}
+    assert left.status_code == 200 and fake.requests[-1].parameters == {"max_tokens_per_query": 3}
     assert http.post("/rerank", json={**body, "max_tokens_per_doc": 0}).status_code == 200
     assert fake.requests[-1].parameters == {}
     tei = http.post("/rerank", json={"model": "emb", "query": "q", "texts": ["a b c"], "max_tokens_per_doc": 2})
@@ -452,7 +465,10 @@ def test_tokenize_takes_text_embeddings_inferences_body_and_answers_in_its_shape
         refused = http.post("/tokenize", json=body)
         assert refused.status_code == 400 and "send one of prompt" in refused.json()["error"]["message"], refused.text
     tei_rerank = http.post("/rerank", json={"model": "cls", "query": "q", "texts": ["a"]})  # not a scorer
-    assert tei_rerank.status_code == 422 and tei_rerank.json()["error_type"] == "Validation", tei_rerank.text
+    assert tei_rerank.status_code == 424 and tei_rerank.json()["error_type"] == "Backend", tei_rerank.text
+    assert "is not a re-ranker model" in tei_rerank.json()["error"]  # TEI's words
+    empty = http.post("/rerank", json={"model": "emb", "query": "q", "texts": []})
+    assert empty.status_code == 400 and empty.json() == {"error": "`texts` cannot be empty", "error_type": "Empty"}
 
 
 def test_tokenize_returns_token_strings_without_the_prompt_when_asked_as_vllm(http, fake) -> None:
@@ -523,7 +539,8 @@ def test_served_model_names_reach_their_model_and_a_shared_one_is_told_apart_by_
         unnamed = http.post("/pooling", json={"input": "x"}).json()["model"]
         assert unnamed == fake.requests[-1].model  # none asked: the model's own name
         invoked = http.post("/invocations", json={"model": "shared", "input": "x", "task": "embed"})
-        assert invoked.status_code == 200 and fake.requests[-1].model == "emb" and "data" in invoked.json()
+        assert invoked.status_code == 200 and fake.requests[-1].model == "emb"
+        assert "embedding" in invoked.json()["data"][0]  # vLLM's order all the same: /v1/embeddings' answer
         assert http.post("/tokenize", json={"model": "text-embedding-3-small", "prompt": "x"}).status_code == 200
         assert fake.requests[-1].model == "emb_tokenizer"
 

@@ -366,9 +366,12 @@ class PoolingService:
         several models share one, the first serving `task`, or with `scoring` the first that can score;
         WrongTask unless one serves the task), or without a name the first serving `task`."""
         if name is None:
-            candidates = [m for m in self.models.values() if task is None or m.task == task]
+            candidates = [m for m in self.models.values() if (task is None or m.task == task)
+                          and (not scoring or m.scorer)]
+            if scoring:  # a reranker (a cross-encoder's classify) before a bi-encoder's cosine
+                candidates.sort(key=lambda m: m.task != "classify")
             if not candidates:
-                raise ModelNotFound(f"no served model for task {task!r}")
+                raise ModelNotFound(f"no served model for task {task!r}" if not scoring else "no served model scores")
             return candidates[0]
         if (problem := invalid_model_name(name)) is not None:
             raise RequestError(problem, "model")

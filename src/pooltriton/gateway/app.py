@@ -77,6 +77,7 @@ from pooltriton.gateway.serving import (
     cohere_prompt,
     encode_inputs,
     sparse_values,
+    tei_activation,
     tei_cut,
     tei_error,
     tei_info,
@@ -374,7 +375,7 @@ async def tei_predict(body: TEIPredictRequest, request: Request):
     scores = np.empty((len(sequences), answers[0].values.shape[1]), dtype=np.float32)
     for (indices, _), answer in zip(groups, answers):
         scores[indices] = answer.values
-    predictions = tei_predictions(scores, model.labels)
+    predictions = tei_predictions(scores if body.raw_scores else tei_activation(scores), model.labels)
     return JSON(predictions if batched else predictions[0])
 
 
@@ -407,13 +408,23 @@ async def score_route(body: ScoreRequest, request: Request):
 async def rerank_route(body: RerankRequest, request: Request):
     if body.tei:
         _answer_as_tei(request)
+        if not body.texts:
+            raise APIError(400, "`texts` cannot be empty", "texts", kind="Empty")
     serving, service = _serving(request)
     model = await serving.model(body.model, scoring=True)
+    if body.tei and model.scorer is None:
+        raise APIError(424, f"model {model.name!r} is not a re-ranker model")
+    # text-embeddings-inference's activation of a cross-encoder's logit is its own (tei_activation's sigmoid).
+    logits = body.tei and model.task == "classify"
+    options = {**body.parameters(), "use_activation": False} if logits else body.parameters()
     ranked = await serving(service.rerank(body.query, body.candidates(), model=model.name, top_n=body.top_n or None,
-                                          priority=body.priority, **body.parameters()))
+                                          priority=body.priority, **options))
     if body.tei:  # text-embeddings-inference's answer: [{index, score, text?}], highest first
-        return JSON([{"index": r.index, "score": r.score, **({"text": r.document} if body.return_text else {})}
-                     for r in ranked.values])
+        scores = np.array([r.score for r in ranked.values], dtype=np.float32)
+        if logits and not body.raw_scores:
+            scores = tei_activation(scores[:, None])[:, 0]
+        return JSON([{"index": r.index, "score": float(score), **({"text": r.document} if body.return_text else {})}
+                     for r, score in zip(ranked.values, scores)])
     results = []
     for result in ranked.values:
         item: dict[str, Any] = {"index": result.index, "relevance_score": result.score}
@@ -464,13 +475,13 @@ async def invocations(request: Request, model: str | None = None):
     served. Errors in this gateway's (OpenAI's) shape."""
     body = await _json_body(request)
     name = body.get("model") if isinstance(body, dict) else None
-    # A body that names its task (/pooling's) is for the model serving it, and is read as /pooling's first.
+    # A body that names its task (/pooling's) is for the model serving it (one of several sharing a name); it is
+    # read in vLLM's order all the same, so an embed task is answered as /v1/embeddings.
     task = body.get("task") if isinstance(body, dict) and isinstance(body.get("task"), str) else None
     served = await _serving(request)[0].model(name if isinstance(name, str) else model, task)
     if isinstance(body, dict) and name is None:
         body = {**body, "model": served.name}
-    order = sorted(INVOCATIONS, key=lambda entry: task is None or entry[0] is not PoolingRequest)
-    candidates = [(kind, route) for kind, route, serves in order if serves(served)]
+    candidates = [(kind, route) for kind, route, serves in INVOCATIONS if serves(served)]
     for kind, route in candidates:
         try:
             parsed = kind.model_validate(body)

@@ -64,11 +64,11 @@ class Options(BaseModel):
         return self
 
     def parameters(self) -> dict[str, Any]:
-        """vLLM: truncate_prompt_tokens k keeps the last k tokens (left side unless truncation_side
-        says right); -1 means the model's own limit."""
+        """vLLM: truncate_prompt_tokens k keeps the first k tokens (the last with truncation_side left: vLLM
+        loads a pooling model's tokenizer with truncation_side right); -1 means the model's own limit."""
         parameters: dict[str, Any] = {}
         if self.truncate_prompt_tokens is not None:
-            parameters["truncate"] = "END" if self.truncation_side == "right" else "START"
+            parameters["truncate"] = "START" if self.truncation_side == "left" else "END"
             if self.truncate_prompt_tokens > 0:
                 parameters["max_tokens"] = self.truncate_prompt_tokens
         if self.use_activation is not None:
@@ -168,7 +168,8 @@ class ClassifyRequest(ClassifyAliases):
 
 class Cuts(ClassifyAliases):
     """vLLM's (Cohere's, Jina's) per-side limits of /score and /rerank: each query and each document cut to
-    its first that many tokens (its last, with truncation_side left) before it is scored; 0: no cut."""
+    its first that many tokens before it is scored; 0: no cut. truncation_side is not theirs: as in vLLM, it
+    is truncate_prompt_tokens' side, of the pair or template as a whole."""
 
     max_tokens_per_query: int = Field(0, ge=0, le=1_000_000)
     max_tokens_per_doc: int = Field(0, ge=0, le=1_000_000)
@@ -177,11 +178,8 @@ class Cuts(ClassifyAliases):
         return {**super().parameters(), **self.cuts()}
 
     def cuts(self) -> dict[str, Any]:
-        cuts: dict[str, Any] = {name: getattr(self, name) for name in ("max_tokens_per_query", "max_tokens_per_doc")
-                                if getattr(self, name)}
-        if cuts and self.truncation_side is not None:
-            cuts["truncation_side"] = self.truncation_side
-        return cuts
+        return {name: getattr(self, name) for name in ("max_tokens_per_query", "max_tokens_per_doc")
+                if getattr(self, name)}
 
 
 class ScoreRequest(Cuts):
@@ -227,7 +225,7 @@ class RerankRequest(Cuts):
     `documents` (with `raw_scores`, `return_text`, `truncate`, `truncation_direction`), answered in its shape."""
 
     query: str
-    documents: list[str | CohereDocument] | None = None
+    documents: str | list[str | CohereDocument] | None = None  # one text: vLLM wraps it in a list
     top_n: int | None = Field(None, ge=0)  # vLLM's default 0: every document
     return_documents: bool = True
     texts: list[str] | None = None
@@ -249,11 +247,14 @@ class RerankRequest(Cuts):
     def candidates(self) -> list[str]:
         if self.texts is not None:
             return self.texts
+        if isinstance(self.documents, str):
+            return [self.documents]
         return [document if isinstance(document, str) else document.text for document in self.documents or []]
 
     def parameters(self) -> dict[str, Any]:
         if not self.tei:
             return super().parameters()
+        # A cross-encoder's route asks for logits instead and applies TEI's activation (serving.tei_activation).
         options = TEIOptions(truncate=self.truncate, truncation_direction=self.truncation_direction)
         return {**options.parameters(), "use_activation": not self.raw_scores, **self.cuts()}
 
@@ -343,13 +344,14 @@ class TEIDecodeRequest(BaseModel):
 
 class TEIPredictRequest(TEIOptions):
     """text-embeddings-inference's /predict body: one text, one pair `[a, b]`, or a batch of either
-    (`[[a], [a, b], ...]`, or a list of other than two texts); `raw_scores` skips the activation."""
+    (`[[a], [a, b], ...]`, or a list of other than two texts); `raw_scores` skips TEI's activation (the
+    route asks for logits and applies it: serving.tei_activation)."""
 
     inputs: str | list[str] | list[list[str]]
     raw_scores: bool = False
 
     def parameters(self) -> dict[str, Any]:
-        return {**super().parameters(), "use_activation": not self.raw_scores}
+        return {**super().parameters(), "use_activation": False}
 
     def sequences(self) -> tuple[list[tuple[str, str | None]], bool]:
         """(text, its pair's second text or None) per input, and whether the body was a batch. As TEI reads

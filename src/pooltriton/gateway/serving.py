@@ -25,6 +25,7 @@ from pooltriton.client.service import (
 from pooltriton.contract import RETRY_AFTER_S
 from pooltriton.contract.requests import TokenPieces, classify
 from pooltriton.core.activation import normalize as unit
+from pooltriton.core.activation import sigmoid, softmax
 from pooltriton.gateway.protocol import APIError
 
 T = TypeVar("T")
@@ -195,8 +196,11 @@ TEI_ERROR_TYPES = {400: "Empty", 424: "Backend", 429: "Overloaded", 503: "Unheal
 
 def tei_error(error: APIError) -> Response:
     """An APIError in text-embeddings-inference's shape ({"error", "error_type"}) and codes: a request it
-    cannot serve is 422 Validation (this gateway's 400), a model of the wrong kind 424 Backend."""
+    cannot serve is 422 Validation (this gateway's 400), a model of the wrong kind (or none of the route's
+    kind served) and a failed inference 424 Backend."""
     status = 422 if error.status == 400 and error.kind != "Empty" else error.status
+    if status >= 500 and status != 503:  # a failed inference: TEI's Backend error is 424 Failed Dependency
+        status = 424
     kind = TEI_ERROR_TYPES.get(status, "Validation" if status < 500 else "Backend")
     headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else None
     return JSON({"error": error.message, "error_type": kind}, status_code=status, headers=headers)
@@ -214,7 +218,7 @@ async def tei_model(serving: Serving, name: str | None, task: str, sparse: bool 
         served = [m for m in serving.service.models.values() if m.task == task]
         kind = [m for m in served if m.sparse == sparse] or (served if fallback else [])
         if not kind:
-            raise APIError(404, f"no served {'SPLADE ' if sparse else ''}{TEI_KINDS[task]}", "model")
+            raise APIError(424, f"no served {'SPLADE ' if sparse else ''}{TEI_KINDS[task]}", "model")
         return kind[0]
     # Of the models that answer to the name (--served-model-name), the first of the route's kind.
     fits = [m for m in serving.service.names.get(name, [model]) if m.task == task and (m.sparse or not sparse)]
@@ -276,6 +280,12 @@ def tei_tokens(pieces: TokenPieces) -> list[dict[str, Any]]:
             {"id": id_, "text": pieces.text[span[0]:span[1]], "special": special, "start": at[span[0]],
              "stop": at[span[1]]}
             for id_, token, special, span in zip(pieces.ids, pieces.tokens, pieces.special, pieces.spans, strict=True)]
+
+
+def tei_activation(logits: np.ndarray) -> np.ndarray:
+    """text-embeddings-inference's activation of a classifier's logits, whatever the model's own (its
+    problem_type, sentence-transformers' activation_fn): softmax over more than one label, else sigmoid."""
+    return softmax(logits) if logits.shape[-1] > 1 else sigmoid(logits)
 
 
 def tei_predictions(probabilities: np.ndarray, labels: Sequence[str]) -> list[list[dict[str, Any]]]:
