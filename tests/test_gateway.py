@@ -293,6 +293,17 @@ def test_truncate_prompt_tokens(http, minilm_st, tokens, side) -> None:
     assert np.abs(np.array(body["data"][0]["embedding"]) - expected).max() <= 1e-5
 
 
+def test_text_embeddings_inferences_openai_route_truncates_and_normalises(http, minilm_st) -> None:
+    """POST /embeddings is TEI's: an over-long text is truncated (its --auto-truncate), where /v1/embeddings
+    (vLLM's) refuses it; an OpenAI model name not served is answered by the first embedding model."""
+    long = " ".join(f"w{i}" for i in range(400))
+    assert http.post("/v1/embeddings", json={"model": "minilm", "input": long}).status_code == 400
+    body = http.post("/embeddings", json={"model": "text-embedding-ada-002", "input": [long, "short"]}).json()
+    expected = minilm_st.encode([long, "short"], normalize_embeddings=True)
+    got = np.array([item["embedding"] for item in body["data"]])
+    assert np.abs(got - expected).max() <= 1e-5 and body["usage"]["prompt_tokens"] == 256 + 3
+
+
 def test_bad_json_missing_key_and_too_large(gateway, http) -> None:
     response = http.post("/v1/embeddings", content=b"{not json", headers={"content-type": "application/json"})
     assert response.status_code == 400 and "error" in response.json()

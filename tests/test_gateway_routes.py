@@ -342,8 +342,18 @@ def test_text_embeddings_inference_post_root_info_similarity_decode_and_embed_al
         rows = http.post("/decode", json={"model": "emb", "ids": [[7], [8, 9]], "skip_special_tokens": False})
         assert rows.json() == ["t7", "t8 t9"] and fake.requests[-1].inputs[TEXT] == ["[7]", "[8, 9]"]  # one call
         assert http.post("/?model=emb", json={"inputs": "abc"}).json() == [[3, 4, 5, 6]]  # the URL names it
+        # TEI's OpenAI route: truncated and normalised whatever the body says, any `dimensions` up to the width,
+        # an OpenAI model name it does not serve answered by the first embedding model
         assert http.post("/embeddings", json={"model": "emb", "input": "abc"}).json()["data"][0]["embedding"] == \
-            [3, 4, 5, 6]  # OpenAI's route where TEI serves it too
+            [3, 4, 5, 6]
+        assert fake.requests[-1].parameters == {"truncate": "END", "use_activation": True}
+        tei_openai = http.post("/embeddings", json={"model": "text-embedding-ada-002", "input": ["abc"],
+                                                    "dimensions": 3, "encoding_format": "base64"})
+        assert tei_openai.status_code == 200 and fake.requests[-1].model == "emb", tei_openai.text
+        decoded = np.frombuffer(base64.b64decode(tei_openai.json()["data"][0]["embedding"]), dtype=np.float32)
+        assert np.allclose(decoded, np.array([3, 4, 5]) / np.linalg.norm([3, 4, 5]))
+        assert http.post("/embeddings", json={"model": "cls", "input": "abc"}).status_code == 424
+        assert http.post("/embeddings", json={"input": "abc", "dimensions": 5}).status_code == 400
 
         sent = len(fake.requests)
         errors = [(http.post("/", content=b"{not json"), 422, "Validation", "not JSON"),

@@ -59,6 +59,7 @@ from pooltriton.gateway.protocol import (
     TEIDecodeRequest,
     TEIEmbedRequest,
     TEIEmbedSparseRequest,
+    TEIOpenAIRequest,
     TEIPredictRequest,
     TEISimilarityRequest,
     TokenizeRequest,
@@ -435,7 +436,30 @@ async def rerank_route(body: RerankRequest, request: Request):
             "usage": usage(ranked.tokens)}
 
 
-router.post("/embeddings")(embeddings)  # text-embeddings-inference serves OpenAI's route here too
+@router.post("/embeddings")
+async def tei_openai_embeddings(body: TEIOpenAIRequest, request: Request):
+    """text-embeddings-inference's OpenAI route (it serves /v1/embeddings so too; ours there is vLLM's): an
+    over-long input is truncated (TEI's --auto-truncate), every vector normalised after the cut to
+    `dimensions` (any size up to the width), and a `model` not served is the first embedding model (TEI
+    serves one and only warns of it). Errors in OpenAI's shape."""
+    serving, service = _serving(request)
+    try:
+        model = await tei_model(serving, body.model, "embed")
+    except APIError as error:
+        if error.status != 404 or body.model is None:  # OpenAI's clients send their own default names
+            raise
+        model = await tei_model(serving, None, "embed")
+    texts, input_format = encode_inputs(body.input)
+    _tei_empty([text if not input_format or text != "[]" else "" for text in texts])
+    check_tei_dimensions(body.dimensions, model.width)
+    pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, truncate="END",
+                                          use_activation=True, **input_format))
+    vectors = tei_cut(np.ascontiguousarray(pooled.values, dtype=np.float32), body.dimensions, True)
+    data = [{"object": "embedding", "index": i,
+             "embedding": base64_vector(v) if body.encoding_format == "base64" else v} for i, v in enumerate(vectors)]
+    return JSON({"object": "list", "data": data, "model": model.name, "usage": usage(pooled.tokens)})
+
+
 for path in ("/score", "/v1/score"):
     router.post(path)(score_route)
 for path in ("/rerank", "/v1/rerank", "/v2/rerank"):

@@ -305,6 +305,17 @@ class TEIEmbedRequest(TEIEmbedSparseRequest):
         return {**super().parameters(), "use_activation": self.normalize}
 
 
+class TEIOpenAIRequest(BaseModel):
+    """text-embeddings-inference's OpenAI body (its /embeddings): no options beyond OpenAI's; `priority` ours."""
+
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    user: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, gt=0)
+    priority: int = Field(0, ge=-1000, le=1000)
+
+
 class TEISimilarityInput(BaseModel):
     source_sentence: str
     sentences: list[str]
