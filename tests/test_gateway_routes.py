@@ -578,6 +578,26 @@ def test_model_names_are_validated(http, name: str) -> None:
     assert response.status_code == 400 and "invalid model name" in response.json()["error"]["message"]
 
 
+def test_cors_answers_a_browsers_preflight_before_the_api_key_and_can_be_narrowed(fake) -> None:
+    """Any origin by default, as vLLM and text-embeddings-inference; the preflight (which carries no key) is
+    answered, the request itself still needs the key; a narrowed list leaves other origins without the header."""
+    preflight = {"origin": "https://app.example", "access-control-request-method": "POST",
+                 "access-control-request-headers": "authorization, content-type"}
+    with TestClient(create_app("unused:0", api_key="s3cret", client=fake)) as client:
+        answer = client.options("/v1/embeddings", headers=preflight)
+        assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == "*"
+        refused = client.post("/v1/embeddings", json={"model": "emb", "input": "x"},
+                              headers={"origin": "https://app.example"})
+        assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == "*"
+    with TestClient(create_app("unused:0", client=fake, allowed_origins=["https://app.example"])) as client:
+        assert client.options("/v1/embeddings", headers=preflight).status_code == 200
+        other = client.post("/v1/embeddings", json={"model": "emb", "input": "x"}, headers={"origin": "https://x.io"})
+        assert other.status_code == 200 and "access-control-allow-origin" not in other.headers
+    with TestClient(create_app("unused:0", client=fake, allowed_origins=[])) as client:
+        plain = client.post("/v1/embeddings", json={"model": "emb", "input": "x"}, headers={"origin": "https://x.io"})
+        assert plain.status_code == 200 and "access-control-allow-origin" not in plain.headers
+
+
 def test_api_key(fake) -> None:
     with TestClient(create_app("unused:0", api_key="s3cret", client=fake)) as client:
         assert client.post("/v1/embeddings", json={"model": "emb", "input": "x"}).status_code == 401

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import numpy as np
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ValidationError
@@ -561,13 +562,14 @@ async def metrics(request: Request):
 
 def create_app(triton_url: str, api_key: str | None = None, client: Transport | None = None,
                admin_key: str | None = None, deadline_s: float | None = DEADLINE_S,
-               coalesce: int = IN_FLIGHT) -> FastAPI:
+               coalesce: int = IN_FLIGHT, allowed_origins: Sequence[str] = ("*",)) -> FastAPI:
     """`client`: the service's transport (a fake in the route tests); default: tritonclient's aio gRPC
     client to `triton_url`, made when the app starts. `admin_key`: Triton's, for its restricted
     repository index (default: POOLTRITON_ADMIN_KEY). `deadline_s`: a request whose estimated wait behind
     the work in flight exceeds it is refused at once with 429 and Retry-After (None: no admission).
     `coalesce`: concurrent small requests for one model travel to Triton merged once that many calls are
-    in flight per model and options (client.coalesce; 0: one call per request)."""
+    in flight per model and options (client.coalesce; 0: one call per request). `allowed_origins`: the
+    browser origins CORS lets call it (vLLM's and TEI's default: any; empty: no CORS headers)."""
     admin_key = admin_key if admin_key is not None else os.environ.get(ADMIN_KEY_ENV)
     headers = admin_headers(admin_key, "grpc") if admin_key else None
     observed = GatewayMetrics()
@@ -593,14 +595,14 @@ def create_app(triton_url: str, api_key: str | None = None, client: Transport | 
     app = FastAPI(title="pooltriton gateway", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-, Cohere- and vLLM-compatible pooling API in front of Triton")
     app.state.serving, app.state.pooling_service, app.state.metrics = serving, service, observed
-    _middlewares(app, api_key, observed)
+    _middlewares(app, api_key, observed, tuple(allowed_origins))
 
     app.include_router(router)
     return app
 
 
-def _middlewares(app: FastAPI, api_key: str | None, observed: GatewayMetrics) -> None:
-    """Body limit, API key and metrics, cancellation on disconnect; errors in OpenAI's shape."""
+def _middlewares(app: FastAPI, api_key: str | None, observed: GatewayMetrics, origins: tuple[str, ...]) -> None:
+    """Body limit, API key and metrics, cancellation on disconnect, CORS; errors in OpenAI's shape."""
     # Innermost: the guard below sees (and counts) its 413s; bodies are bounded however they are framed.
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, error_body=error_body)
 
@@ -608,6 +610,12 @@ def _middlewares(app: FastAPI, api_key: str | None, observed: GatewayMetrics) ->
 
     app.add_middleware(CancelOnDisconnect,
                        on_cancel=lambda scope, seconds: observed.observe(scope, CLIENT_CLOSED, seconds))
+
+    # Outermost: a browser's preflight carries no API key, and is answered before the guard asks for one (the
+    # request that follows it does). Starlette's CORSMiddleware is plain ASGI, as vLLM and TEI add it.
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["GET", "POST"],
+                           allow_headers=["*"])
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, error: APIError):
@@ -674,6 +682,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--coalesce", type=int, default=IN_FLIGHT, metavar="N",
                         help="send concurrent small requests for one model to Triton merged once N calls are in flight "
                         f"per model and options (default {IN_FLIGHT}; 0: one Triton call per request)")
+    parser.add_argument("--allowed-origins", nargs="*", metavar="ORIGIN",
+                        default=os.environ.get("POOLTRITON_ALLOWED_ORIGINS", "*").split(),
+                        help="browser origins CORS lets call the gateway (default: POOLTRITON_ALLOWED_ORIGINS or any, "
+                        "as vLLM and text-embeddings-inference; none given: no CORS headers)")
     parser.add_argument("--write-openapi", metavar="FILE", help="write the OpenAPI document and exit")
     args = parser.parse_args(argv)
     if args.deadline_s < 0:
@@ -684,8 +696,8 @@ def main(argv: list[str] | None = None) -> int:
         document = create_app(args.triton).openapi()
         Path(args.write_openapi).write_text(json.dumps(document, indent=2) + "\n")
         return 0
-    uvicorn.run(create_app(args.triton, args.api_key, deadline_s=args.deadline_s or None, coalesce=args.coalesce),
-                host=args.host, port=args.port, log_level="info")
+    uvicorn.run(create_app(args.triton, args.api_key, deadline_s=args.deadline_s or None, coalesce=args.coalesce,
+                           allowed_origins=args.allowed_origins), host=args.host, port=args.port, log_level="info")
     return 0
 
 
