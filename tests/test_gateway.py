@@ -211,6 +211,14 @@ def test_pooling_token_output_and_tokenize(http, http_client) -> None:
     body = http.post("/pooling", json={"model": "rampart", "input": ["Mail john@example.com"]}).json()
     expected = http_client.encode(["Mail john@example.com"], model="rampart")[0]
     assert np.abs(np.array(body["data"][0]["data"]) - expected).max() <= 1e-6
+    # vLLM's base64 of a token task's answer: its values flattened row by row, in the dtype and order asked
+    packed = http.post("/pooling", json={"model": "rampart", "input": ["Mail john@example.com"],
+                                         "encoding_format": "base64", "embed_dtype": "float16",
+                                         "endianness": "big"}).json()["data"][0]["data"]
+    unpacked = np.frombuffer(base64.b64decode(packed), dtype=">f2").reshape(expected.shape)
+    assert np.abs(unpacked - expected).max() <= 1e-3
+    refused = http.post("/pooling", json={"model": "rampart", "input": "x", "dimensions": 4})
+    assert refused.status_code == 400 and "dimensions is currently not supported" in refused.text
     tokens = http.post("/tokenize", json={"model": "minilm", "prompt": "hello world"}).json()
     assert tokens["count"] == 4 and tokens["max_model_len"] == 256
     text = http.post("/detokenize", json={"model": "minilm", "tokens": tokens["tokens"]}).json()["prompt"]

@@ -476,7 +476,9 @@ async def pooling(body: PoolingRequest, request: Request):
                                           **input_format))
     return JSON({"id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                  "model": body.model or model.name,
-                 "data": [{"index": i, "object": "pooling", "data": np.asarray(v).tolist()}
+                 "data": [{"index": i, "object": "pooling",
+                           "data": base64_vector(np.asarray(v), body.embed_dtype, body.endianness)
+                           if body.encoding_format == "base64" else np.asarray(v).tolist()}
                           for i, v in enumerate(pooled.values)],
                  "usage": usage(pooled.tokens)})
 

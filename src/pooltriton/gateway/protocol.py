@@ -87,12 +87,18 @@ class ClassifyAliases(Options):
     ACTIVATION_ALIASES: ClassVar[tuple[str, ...]] = ("softmax", "activation")
 
 
-class EmbeddingRequest(EmbedAliases):
-    input: str | list[str] | list[int] | list[list[int]]
+class Encoding(BaseModel):
+    """vLLM's answer encoding of /v1/embeddings and /pooling: float lists, or base64 of each answer's values
+    (a token task's flattened row by row) as `embed_dtype` (bfloat16 rounded from float32 as torch rounds
+    it) in `endianness` byte order."""
+
     encoding_format: Literal["float", "base64"] = "float"
-    # vLLM's: base64's element type and byte order (bfloat16 rounded from float32 as torch rounds it).
     embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     endianness: Literal["native", "big", "little"] = "native"
+
+
+class EmbeddingRequest(EmbedAliases, Encoding):
+    input: str | list[str] | list[int] | list[list[int]]
     dimensions: int | None = Field(None, gt=0)
     # One of the model's sentence-transformers prompts (text-embeddings-inference's name).
     prompt_name: str | None = Field(None, max_length=200)
@@ -259,11 +265,18 @@ class RerankRequest(Cuts):
         return {**options.parameters(), "use_activation": not self.raw_scores, **self.cuts()}
 
 
-class PoolingRequest(EmbedAliases, ClassifyAliases):
+class PoolingRequest(EmbedAliases, ClassifyAliases, Encoding):
     ACTIVATION_ALIASES: ClassVar[tuple[str, ...]] = ("normalize", "softmax", "activation")  # any task
     input: str | list[str] | list[int] | list[list[int]]
     # vLLM's: the task the caller expects of the model (refused with 400 where the model serves another).
     task: Literal["embed", "classify", "token_embed", "token_classify"] | None = None
+    dimensions: int | None = None  # vLLM's /pooling refuses it (400): /v1/embeddings cuts
+
+    @model_validator(mode="after")
+    def _no_dimensions(self) -> PoolingRequest:
+        if self.dimensions is not None:
+            raise ValueError("dimensions is currently not supported on /pooling (vLLM's answer): use /v1/embeddings")
+        return self
 
 
 class TEIOptions(BaseModel):
