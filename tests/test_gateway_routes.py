@@ -311,6 +311,14 @@ def test_text_embeddings_inference_post_root_info_similarity_decode_and_embed_al
                                                                                   {"index": 3, "value": 6.0}]]
         ranked = http.post("/", json={"model": "rr", "query": "q", "texts": ["long text", "ab"]}).json()
         assert [r["index"] for r in ranked] == [1, 0] and fake.requests[-1].model == "rr_score"
+        # TEI's x-compute-* headers on its inference answers (what HF's endpoints and usage meters read)
+        metered = http.post("/embed", json={"model": "emb", "inputs": ["abc", "de f"]})
+        assert metered.headers["x-compute-characters"] == "7"
+        assert metered.headers["x-compute-tokens"] == str(sum(map(_words, ["abc", "de f"])))  # usage's count
+        assert int(metered.headers["x-compute-time"]) >= 0 and "x-total-time" in metered.headers
+        reranked = http.post("/rerank", json={"model": "rr", "query": "q", "texts": ["ab", "cde"]})
+        assert reranked.headers["x-compute-characters"] == str(2 * 1 + 5)
+        assert "x-compute-tokens" not in http.post("/v1/embeddings", json={"model": "emb", "input": "x"}).headers
         # TEI's /rerank body names no model: the cross-encoder (not emb, first by name, whose cosine could score),
         # its logit through TEI's sigmoid whatever the model's own activation
         unnamed = http.post("/rerank", json={"query": "q", "texts": ["ab"]}).json()

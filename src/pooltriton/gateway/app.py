@@ -211,6 +211,19 @@ def _tei_empty(texts: Sequence[str], pairs: Sequence[str | None] | None = None) 
         raise APIError(400, "`inputs` cannot be empty", "inputs", kind="Empty")
 
 
+def _characters(texts: Sequence[str], token_ids: bool = False) -> int:
+    """TEI's count of what was computed on: a text's characters, a row of token ids its ids."""
+    if token_ids:  # each row travels as its JSON list
+        return sum(text.count(",") + 1 for text in texts if text != "[]")
+    return sum(map(len, texts))
+
+
+def _metered(request: Request, characters: int, tokens: int) -> None:
+    """text-embeddings-inference's x-compute-characters / x-compute-tokens (with x-compute-time and
+    x-total-time: the guard adds them as the answer starts), which HF's endpoints and usage meters read."""
+    request.state.compute = (characters, tokens)
+
+
 async def _tei_encode(request: Request, body: TEIEmbedSparseRequest, task: str, sparse: bool = False,
                       dimensions: int | None = None) -> np.ndarray | list[np.ndarray]:
     """text-embeddings-inference's embedding routes over the same encode (`dimensions`: /embed's cut)."""
@@ -226,6 +239,7 @@ async def _tei_encode(request: Request, body: TEIEmbedSparseRequest, task: str, 
     check_tei_dimensions(dimensions, model.width)  # before the model runs, where the width is known
     pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **parameters,
                                           **input_format), fields={"input": "inputs"})
+    _metered(request, _characters(texts, bool(input_format)), pooled.tokens)
     if isinstance(pooled.values, list):  # per token: one array per input
         return [np.ascontiguousarray(values, dtype=np.float32) for values in pooled.values]
     return tei_cut(np.ascontiguousarray(pooled.values, dtype=np.float32), dimensions, parameters["use_activation"])
@@ -262,6 +276,8 @@ async def tei_similarity(body: TEISimilarityRequest, request: Request):
     scores = await serving(service.score(body.inputs.source_sentence, body.inputs.sentences, model=model.name,
                                          priority=body.priority, **body.options()),
                            fields={"query": "inputs.source_sentence", "documents": "inputs.sentences"})
+    _metered(request, len(body.inputs.source_sentence) * len(body.inputs.sentences) +
+             _characters(body.inputs.sentences), scores.tokens)
     return JSON(np.ascontiguousarray(scores.values, dtype=np.float32))
 
 
@@ -377,6 +393,8 @@ async def tei_predict(body: TEIPredictRequest, request: Request):
     scores = np.empty((len(sequences), answers[0].values.shape[1]), dtype=np.float32)
     for (indices, _), answer in zip(groups, answers):
         scores[indices] = answer.values
+    _metered(request, sum(len(first) + len(second or "") for first, second in sequences),
+             sum(answer.tokens for answer in answers))
     predictions = tei_predictions(scores if body.raw_scores else tei_activation(scores), model.labels)
     return JSON(predictions if batched else predictions[0])
 
@@ -422,6 +440,7 @@ async def rerank_route(body: RerankRequest, request: Request):
     ranked = await serving(service.rerank(body.query, body.candidates(), model=model.name, top_n=body.top_n or None,
                                           priority=body.priority, **options))
     if body.tei:  # text-embeddings-inference's answer: [{index, score, text?}], highest first
+        _metered(request, len(body.query) * len(body.candidates()) + _characters(body.candidates()), ranked.tokens)
         scores = np.array([r.score for r in ranked.values], dtype=np.float32)
         if logits and not body.raw_scores:
             scores = tei_activation(scores[:, None])[:, 0]
@@ -455,6 +474,7 @@ async def tei_openai_embeddings(body: TEIOpenAIRequest, request: Request):
     check_tei_dimensions(body.dimensions, model.width)
     pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, truncate="END",
                                           use_activation=True, **input_format))
+    _metered(request, _characters(texts, bool(input_format)), pooled.tokens)
     vectors = tei_cut(np.ascontiguousarray(pooled.values, dtype=np.float32), body.dimensions, True)
     data = [{"object": "embedding", "index": i,
              "embedding": base64_vector(v) if body.encoding_format == "base64" else v} for i, v in enumerate(vectors)]

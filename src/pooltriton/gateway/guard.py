@@ -46,8 +46,14 @@ class Guard:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                MutableHeaders(scope=message).append("x-process-time-ms",
-                                                     f"{(time.monotonic() - started) * 1000:.1f}")
+                elapsed_ms = (time.monotonic() - started) * 1000
+                headers = MutableHeaders(scope=message)
+                headers.append("x-process-time-ms", f"{elapsed_ms:.1f}")
+                compute = scope.get("state", {}).get("compute")  # a TEI route's (app._metered)
+                if compute is not None:
+                    for name, value in (("x-compute-time", int(elapsed_ms)), ("x-total-time", int(elapsed_ms)),
+                                        ("x-compute-characters", compute[0]), ("x-compute-tokens", compute[1])):
+                        headers.append(name, str(value))
             await send(message)
 
         try:
