@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 
 import httpx
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from pooltriton.export.defaults import minilm_path
 
-from conftest import running_gateway
+from conftest import REPOSITORY, running_gateway
 
 API_KEY = "test-key"
 
@@ -144,6 +145,11 @@ def test_text_embeddings_inference_clients_and_routes(gateway, http, http_client
     info = http.get("/info").json()
     assert info["model_id"] == "minilm" and info["model_type"] == {"embedding": {"pooling": "mean"}}, info
     assert info["model_dtype"] == "float32" and info["max_input_length"] == 256
+    # TEI's router settings, read from the stages' configs as this Triton answers them
+    written = (REPOSITORY / "minilm_encoder" / "config.pbtxt").read_text()
+    budget = int(re.search(r'key: "ragged_token_budget"\s*value \{\s*string_value: "(\d+)"', written)[1])
+    assert info["max_batch_tokens"] == budget > 0 and info["max_batch_requests"] > 0
+    assert info["tokenization_workers"] >= 1 and info["max_concurrent_requests"] >= 1, info
     ids = http_client.tokenize([text])[0]
     decoded = http.post("/decode", json={"model": "minilm", "ids": [ids, ids[1:-1]]}).json()
     assert decoded == ["a man is eating food."] * 2, decoded

@@ -340,6 +340,19 @@ def test_text_embeddings_inference_post_root_info_similarity_decode_and_embed_al
         info = http.get("/info", params={"model": "emb"}).json()
         assert info["model_id"] == "emb" and info["model_type"] == {"embedding": {"pooling": "mean"}}
         assert info["model_dtype"] == "bfloat16" and info["max_input_length"] == 16 and info["task"] == "embed"
+        assert "max_batch_tokens" not in info  # no encoder stage to read in this fake (yet)
+        # TEI's router settings from the stages' configs as Triton's gRPC JSON gives them (64-bit: strings)
+        fake.server.configs["emb_tokenizer"].update({"instance_group": [{"count": 2, "kind": "KIND_CPU"}],
+                                                     "dynamic_batching": {"default_queue_policy": {
+                                                         "max_queue_size": "128"}}})
+        fake.server.configs["emb_encoder"] = {"name": "emb_encoder", "max_batch_size": 64, "output": [],
+                                              "parameters": {"ragged_token_budget": {"string_value": "2048"}}}
+        info = http.get("/info", params={"model": "emb"}).json()
+        assert {key: info[key] for key in ("max_concurrent_requests", "max_batch_tokens", "max_batch_requests",
+                                           "tokenization_workers")} == {"max_concurrent_requests": 128,
+                                                                        "max_batch_tokens": 2048,
+                                                                        "max_batch_requests": 64,
+                                                                        "tokenization_workers": 2}
         assert http.get("/info", params={"model": "spl"}).json()["model_type"] == {"embedding": {"pooling": "splade"}}
         assert http.get("/info", params={"model": "cls"}).json()["model_type"] == {"classifier": {
             "id2label": {"0": "no", "1": "yes"}, "label2id": {"no": 0, "yes": 1}}}

@@ -299,7 +299,8 @@ class PoolingService:
             admission.done(admitted, sum(answered) or None, characters, time.monotonic())
 
     # ---- models ----------------------------------------------------------------------------------
-    async def _config(self, name: str) -> dict:
+    async def config(self, name: str) -> dict:
+        """A model's (or a stage's) config as Triton reads it."""
         config = getattr(self.transport, "model_config", None)
         if config is not None:
             return await config(name)
@@ -314,7 +315,7 @@ class PoolingService:
             return self.served(name, task, scoring)
         if name not in self._info:
             try:
-                self._info[name] = model_info(name, await self._config(name))
+                self._info[name] = model_info(name, await self.config(name))
             except InferenceServerException as error:  # no model of that name: perhaps a name one answers to
                 if protocol.classify(error).status not in (400, 404) or name not in await self.refresh_names():
                     raise
@@ -348,7 +349,7 @@ class PoolingService:
         names = {m["name"] for m in entries if m.get("state") == "READY"}
         models = {}
         for name in sorted(names):
-            config = await self._config(name)
+            config = await self.config(name)
             if config.get("platform") != "ensemble" or "task" not in read_parameters(config):
                 continue
             score = stages(name).score

@@ -85,6 +85,7 @@ from pooltriton.gateway.serving import (
     tei_info,
     tei_model,
     tei_predictions,
+    tei_router,
     tei_tokens,
     usage,
 )
@@ -304,7 +305,8 @@ async def _all(calls: Sequence[Awaitable[T]]) -> list[T]:
 async def tei_info_route(request: Request, model: str | None = None):
     """text-embeddings-inference's /info, of the model `?model=` names or the one POST / serves."""
     serving, service = _serving(request)
-    return tei_info(await serving.model(model), _version(), service.max_batch)
+    served = await serving.model(model)
+    return tei_info(served, _version(), service.max_batch, await tei_router(service, served))
 
 
 @router.get("/")

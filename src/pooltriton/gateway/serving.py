@@ -22,7 +22,8 @@ from pooltriton.client.service import (
     ServedModel,
     WrongTask,
 )
-from pooltriton.contract import RETRY_AFTER_S
+from pooltriton.contract import RETRY_AFTER_S, stages
+from pooltriton.contract.config import read_parameters
 from pooltriton.contract.requests import TokenPieces, classify
 from pooltriton.core.activation import normalize as unit
 from pooltriton.core.activation import sigmoid, softmax
@@ -253,10 +254,33 @@ TEI_POOLING = {"CLS": "cls", "MEAN": "mean", "LAST": "last_token", "SPLADE_MAX":
 TEI_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
-def tei_info(model: ServedModel, version: str, max_batch: int) -> dict[str, Any]:
+async def tei_router(service: PoolingService, model: ServedModel) -> dict[str, int]:
+    """text-embeddings-inference's router settings in /info, from the model's stages as Triton reads them:
+    max_concurrent_requests the requests its tokenizer stage queues before it refuses (429), tokenization_workers
+    that stage's instances, max_batch_tokens the tokens one encoder call takes (the ragged budget, or with
+    buckets rows x max length), max_batch_requests its rows. Left out where a stage cannot be read (a plugin's
+    model has no tokenizer of its own)."""
+    names = stages(model.name)
+    try:
+        tokenizer, encoder = await service.config(names.tokenizer), await service.config(names.encoder)
+    except InferenceServerException:
+        return {}
+    queue = tokenizer.get("dynamic_batching", {}).get("default_queue_policy", {})
+    rows = int(encoder.get("max_batch_size", 0))
+    budget = read_parameters(encoder).get("ragged_token_budget")
+    workers = sum(int(group.get("count", 1)) for group in tokenizer.get("instance_group", []))
+    settings = {"tokenization_workers": workers, "max_batch_requests": rows}
+    if int(queue.get("max_queue_size", 0)) > 0:  # 0: Triton's unbounded queue
+        settings["max_concurrent_requests"] = int(queue["max_queue_size"])
+    if budget is not None or model.max_length:
+        settings["max_batch_tokens"] = int(budget) if budget is not None else rows * (model.max_length or 0)
+    return settings
+
+
+def tei_info(model: ServedModel, version: str, max_batch: int, router: dict[str, int] | None = None) -> dict[str, Any]:
     """text-embeddings-inference's /info for one served model: what this gateway knows of it (the model's
-    config); TEI's own router settings it has no equal for are left out. A cross-encoder is TEI's reranker;
-    fields TEI does not have: `task`, and `pooling` of other than TEI's poolings in its own words."""
+    config, `router`: tei_router's settings). A cross-encoder is TEI's reranker; fields TEI does not have:
+    `task`, and `pooling` of other than TEI's poolings in its own words."""
     labels = list(model.labels)
     if model.task in ("classify", "token_classify"):
         kind = "reranker" if model.scorer is not None and model.task == "classify" else "classifier"
@@ -269,7 +293,7 @@ def tei_info(model: ServedModel, version: str, max_batch: int) -> dict[str, Any]
     return {"model_id": model.name, "model_sha": None, "model_dtype": dtype,
             "served_model_name": (model.served_names or (model.name,))[0], "model_type": model_type, "task": model.task,
             "max_input_length": model.max_length, "max_batch_requests": None, "max_client_batch_size": max_batch,
-            "auto_truncate": True, "version": version, "sha": None, "docker_label": None}
+            "auto_truncate": True, **(router or {}), "version": version, "sha": None, "docker_label": None}
 
 
 def tei_tokens(pieces: TokenPieces) -> list[dict[str, Any]]:
