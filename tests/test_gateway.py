@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import re
 
 import httpx
@@ -223,6 +224,11 @@ def test_pooling_token_output_and_tokenize(http, http_client) -> None:
                                          "endianness": "big"}).json()["data"][0]["data"]
     unpacked = np.frombuffer(base64.b64decode(packed), dtype=">f2").reshape(expected.shape)
     assert np.abs(unpacked - expected).max() <= 1e-3
+    raw = http.post("/pooling", json={"model": "rampart", "input": ["Mail john@example.com"],
+                                      "encoding_format": "bytes"})
+    (item,) = json.loads(raw.headers["metadata"])["data"]  # vLLM's bytes: the shape travels in the metadata
+    assert tuple(item["shape"]) == expected.shape
+    assert np.abs(np.frombuffer(raw.content, dtype=np.float32).reshape(item["shape"]) - expected).max() <= 1e-6
     refused = http.post("/pooling", json={"model": "rampart", "input": "x", "dimensions": 4})
     assert refused.status_code == 400 and "dimensions is currently not supported" in refused.text
     tokens = http.post("/tokenize", json={"model": "minilm", "prompt": "hello world"}).json()

@@ -879,6 +879,24 @@ def test_base64_embed_dtype_and_endianness(http, dtype, endianness, numpy_type) 
     assert decoded.tolist() == [3.0, 4.0, 5.0, 6.0]
 
 
+def test_vllms_bytes_answers_carry_packed_values_and_their_metadata(http) -> None:
+    """vLLM's encoding_format bytes: the body is every answer's values back to back, the `metadata` header
+    says where each one starts and ends, its dtype, byte order and shape (as vLLM's decode_pooling_output
+    reads them); bytes_only leaves the header out."""
+    answer = http.post("/v1/embeddings", json={"model": "emb",
+                                               "input": ["abc", "de"], "encoding_format": "bytes",
+                                               "embed_dtype": "float16", "endianness": "big"})
+    assert answer.status_code == 200 and answer.headers["content-type"] == "application/octet-stream"
+    metadata = json.loads(answer.headers["metadata"])
+    assert metadata["model"] == "emb" and metadata["usage"]["prompt_tokens"] > 0
+    vectors = [np.frombuffer(answer.content[item["start"]:item["end"]], dtype=">f2").reshape(item["shape"])
+               for item in sorted(metadata["data"], key=lambda item: item["index"])]
+    assert [v.tolist() for v in vectors] == [[3, 4, 5, 6], [2, 3, 4, 5]]
+    assert {(item["embed_dtype"], item["endianness"]) for item in metadata["data"]} == {("float16", "big")}
+    bare = http.post("/pooling", json={"model": "emb", "input": "abc", "encoding_format": "bytes_only"})
+    assert "metadata" not in bare.headers and np.frombuffer(bare.content, dtype=np.float32).tolist() == [3, 4, 5, 6]
+
+
 def test_base64_bfloat16_is_the_rounded_upper_half_of_float32() -> None:
     import torch
 

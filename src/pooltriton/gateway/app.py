@@ -46,6 +46,7 @@ from pooltriton.gateway.guard import Guard
 from pooltriton.gateway.metrics import CLIENT_CLOSED, GatewayMetrics
 from pooltriton.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from pooltriton.gateway.protocol import (
+    BYTES_FORMATS,
     ERROR_SCHEMA,
     TEI_ERROR_SCHEMA,
     APIError,
@@ -72,12 +73,14 @@ from pooltriton.gateway.serving import (
     Serving,
     as_texts,
     base64_vector,
+    bytes_answer,
     check_packing,
     check_scaling,
     check_tei_dimensions,
     cohere_encode,
     cohere_prompt,
     encode_inputs,
+    encoded_answers,
     sparse_values,
     tei_activation,
     tei_cut,
@@ -155,14 +158,17 @@ async def embeddings(body: EmbeddingRequest, request: Request):
     pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **body.parameters(),
                                           dimensions=body.dimensions, **input_format))
     vectors = np.ascontiguousarray(pooled.values, dtype=np.float32)
-    data = [{"object": "embedding", "index": i,
-             "embedding": base64_vector(v, body.embed_dtype, body.endianness) if body.encoding_format == "base64"
-             else v}
-            for i, v in enumerate(vectors)]
     # The name the client asked for (an alias, --served-model-name) is the one answered, as vLLM answers with its
     # served name; with none asked, the model's own.
-    return JSON({"id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-                 "model": body.model or model.name, "data": data, "usage": usage(pooled.tokens)})
+    header = {"id": f"embd-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model or model.name}
+    if body.encoding_format in BYTES_FORMATS:
+        return bytes_answer(vectors, body.encoding_format, body.embed_dtype, body.endianness,
+                            {**header, "usage": usage(pooled.tokens)})
+    # float: the float32 rows as they are (orjson writes them from their buffer)
+    answers = vectors if body.encoding_format == "float" else encoded_answers(
+        vectors, body.encoding_format, body.embed_dtype, body.endianness)
+    data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(answers)]
+    return JSON({**header, "object": "list", "data": data, "usage": usage(pooled.tokens)})
 
 
 @router.post("/v2/embed")
@@ -496,12 +502,14 @@ async def pooling(body: PoolingRequest, request: Request):
     texts, input_format = encode_inputs(body.input)
     pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **body.parameters(),
                                           **input_format))
-    return JSON({"id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-                 "model": body.model or model.name,
-                 "data": [{"index": i, "object": "pooling",
-                           "data": base64_vector(np.asarray(v), body.embed_dtype, body.endianness)
-                           if body.encoding_format == "base64" else np.asarray(v).tolist()}
-                          for i, v in enumerate(pooled.values)],
+    header = {"id": f"pool-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model or model.name}
+    answers = [np.asarray(values) for values in pooled.values]
+    if body.encoding_format in BYTES_FORMATS:
+        return bytes_answer(answers, body.encoding_format, body.embed_dtype, body.endianness,
+                            {**header, "usage": usage(pooled.tokens)})
+    data = encoded_answers(answers, body.encoding_format, body.embed_dtype, body.endianness)
+    return JSON({**header, "object": "list", "data": [{"index": i, "object": "pooling", "data": values}
+                                                       for i, values in enumerate(data)],
                  "usage": usage(pooled.tokens)})
 
 

@@ -87,12 +87,15 @@ class ClassifyAliases(Options):
     ACTIVATION_ALIASES: ClassVar[tuple[str, ...]] = ("softmax", "activation")
 
 
+BYTES_FORMATS = ("bytes", "bytes_only")
+
+
 class Encoding(BaseModel):
     """vLLM's answer encoding of /v1/embeddings and /pooling: float lists, or base64 of each answer's values
     (a token task's flattened row by row) as `embed_dtype` (bfloat16 rounded from float32 as torch rounds
-    it) in `endianness` byte order."""
+    it) in `endianness` byte order, or vLLM's binary body (`bytes`: with a `metadata` header; `bytes_only`)."""
 
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Literal["float", "base64", "bytes", "bytes_only"] = "float"
     embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     endianness: Literal["native", "big", "little"] = "native"
 

@@ -132,7 +132,12 @@ def usage(tokens: int) -> dict[str, int]:
 
 def base64_vector(vector: np.ndarray, dtype: str = "float32", endianness: str = "native") -> str:
     """OpenAI's base64 (float32, this machine's byte order), or vLLM's embed_dtype and endianness."""
-    values = vector.astype(np.float32)
+    return base64.b64encode(packed(vector, dtype, endianness)).decode()
+
+
+def packed(vector: np.ndarray, dtype: str = "float32", endianness: str = "native") -> bytes:
+    """An answer's values as bytes of `dtype` in `endianness` order, row by row (vLLM's tensor2binary)."""
+    values = np.asarray(vector).astype(np.float32)
     if dtype == "float16":
         values = values.astype(np.float16)
     elif dtype == "bfloat16":  # the upper half of float32, rounded to nearest even as torch casts
@@ -141,7 +146,30 @@ def base64_vector(vector: np.ndarray, dtype: str = "float32", endianness: str = 
         values = np.where(np.isnan(values), np.uint16(0x7FC0), rounded)  # a carry must not make NaN inf
     if endianness != "native" and endianness != sys.byteorder:
         values = values.byteswap()
-    return base64.b64encode(values.tobytes()).decode()
+    return values.tobytes()
+
+
+def encoded_answers(answers: Sequence[np.ndarray], encoding: str, dtype: str, endianness: str) -> list[Any]:
+    """/v1/embeddings' and /pooling's answers in their `encoding_format`: float lists or base64 strings."""
+    if encoding == "base64":
+        return [base64_vector(answer, dtype, endianness) for answer in answers]
+    return [np.asarray(answer).tolist() for answer in answers]
+
+
+def bytes_answer(answers: Sequence[np.ndarray], encoding: str, dtype: str, endianness: str,
+                 header: dict[str, Any]) -> Response:
+    """vLLM's `bytes` / `bytes_only` answer: every answer's packed values back to back as the body; with
+    `bytes`, a `metadata` header holds `header` (id, created, model, usage) and per answer its index, dtype,
+    byte order, start and end in the body and shape (vLLM's decode_pooling_output reads them)."""
+    items, body, offset = [], [], 0
+    for index, answer in enumerate(answers):
+        data = packed(answer, dtype, endianness)
+        items.append({"index": index, "embed_dtype": dtype, "endianness": endianness, "start": offset,
+                      "end": offset + len(data), "shape": list(np.shape(answer))})
+        body.append(data)
+        offset += len(data)
+    headers = None if encoding == "bytes_only" else {"metadata": json.dumps({**header, "data": items})}
+    return Response(b"".join(body), media_type="application/octet-stream", headers=headers)
 
 
 PACKED_TYPES = ("binary", "ubinary")
