@@ -331,6 +331,7 @@ def test_text_embeddings_inference_post_root_info_similarity_decode_and_embed_al
         similar = http.post("/", json={"inputs": {"source_sentence": "q", "sentences": ["a", "bcd"]},
                                        "parameters": {"truncate": False, "prompt_name": "query"}})
         assert np.allclose(similar.json(), [1 / 2, 1 / 4]), similar.text
+        assert similar.headers["x-compute-characters"] == str(1 + 1 + 3)  # the source sentence once, as TEI
         assert fake.requests[-1].model == "emb_score" and fake.requests[-1].parameters == {"prompt_name": "query"}
         assert np.allclose(http.post("/similarity", json={"inputs": {"source_sentence": "q", "sentences": ["a"]}})
                            .json(), [1 / 2])
@@ -374,6 +375,9 @@ def test_text_embeddings_inference_post_root_info_similarity_decode_and_embed_al
         decoded = np.frombuffer(base64.b64decode(tei_openai.json()["data"][0]["embedding"]), dtype=np.float32)
         assert np.allclose(decoded, np.array([3, 4, 5]) / np.linalg.norm([3, 4, 5]))
         assert http.post("/embeddings", json={"model": "cls", "input": "abc"}).status_code == 424
+        hub_id = http.post("/embeddings", json={"model": "BAAI/bge-large-en-v1.5", "input": "abc"})  # TEI's name
+        assert hub_id.status_code == 200 and fake.requests[-1].model == "emb", hub_id.text
+        assert http.post("/embeddings", json={"model": "spl", "input": "abc"}).status_code == 424  # TEI's SPLADE
         assert http.post("/embeddings", json={"input": "abc", "dimensions": 5}).status_code == 400
 
         sent = len(fake.requests)
@@ -569,6 +573,8 @@ def test_served_model_names_reach_their_model_and_a_shared_one_is_told_apart_by_
         assert reranked.json()["model"] == scored.json()["model"] == "shared"
         unnamed = http.post("/pooling", json={"input": "x"}).json()["model"]
         assert unnamed == fake.requests[-1].model  # none asked: the model's own name
+        by_url = http.post("/invocations", params={"model": "text-embedding-3-small"}, json={"input": "x"})
+        assert by_url.status_code == 200 and by_url.json()["model"] == "text-embedding-3-small", by_url.text
         invoked = http.post("/invocations", json={"model": "shared", "input": "x", "task": "embed"})
         assert invoked.status_code == 200 and fake.requests[-1].model == "emb"
         assert "embedding" in invoked.json()["data"][0]  # vLLM's order all the same: /v1/embeddings' answer
@@ -614,6 +620,8 @@ def test_cors_answers_a_browsers_preflight_before_the_api_key_and_can_be_narrowe
         assert client.options("/v1/embeddings", headers=preflight).status_code == 200
         other = client.post("/v1/embeddings", json={"model": "emb", "input": "x"}, headers={"origin": "https://x.io"})
         assert other.status_code == 200 and "access-control-allow-origin" not in other.headers
+        plain = client.post("/v1/embeddings", json={"model": "emb", "input": "x"})  # no browser: untouched
+        assert plain.status_code == 200 and "vary" not in plain.headers
     with TestClient(create_app("unused:0", client=fake, allowed_origins=[])) as client:
         plain = client.post("/v1/embeddings", json={"model": "emb", "input": "x"}, headers={"origin": "https://x.io"})
         assert plain.status_code == 200 and "access-control-allow-origin" not in plain.headers

@@ -158,8 +158,8 @@ async def embeddings(body: EmbeddingRequest, request: Request):
     pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **body.parameters(),
                                           dimensions=body.dimensions, **input_format))
     vectors = np.ascontiguousarray(pooled.values, dtype=np.float32)
-    # The name the client asked for (an alias, --served-model-name) is the one answered, as vLLM answers with its
-    # served name; with none asked, the model's own.
+    # The name the client asked for (an alias, --served-model-name) is the one answered (vLLM, which serves one
+    # model, answers with its first served name); with none asked, the model's own.
     header = {"id": f"embd-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model or model.name}
     if body.encoding_format in BYTES_FORMATS:
         return bytes_answer(vectors, body.encoding_format, body.embed_dtype, body.endianness,
@@ -283,8 +283,7 @@ async def tei_similarity(body: TEISimilarityRequest, request: Request):
     scores = await serving(service.score(body.inputs.source_sentence, body.inputs.sentences, model=model.name,
                                          priority=body.priority, **body.options()),
                            fields={"query": "inputs.source_sentence", "documents": "inputs.sentences"})
-    _metered(request, len(body.inputs.source_sentence) * len(body.inputs.sentences) +
-             _characters(body.inputs.sentences), scores.tokens)
+    _metered(request, len(body.inputs.source_sentence) + _characters(body.inputs.sentences), scores.tokens)
     return JSON(np.ascontiguousarray(scores.values, dtype=np.float32))
 
 
@@ -471,12 +470,13 @@ async def tei_openai_embeddings(body: TEIOpenAIRequest, request: Request):
     `dimensions` (any size up to the width), and a `model` not served is the first embedding model (TEI
     serves one and only warns of it). Errors in OpenAI's shape."""
     serving, service = _serving(request)
-    try:
-        model = await tei_model(serving, body.model, "embed")
-    except APIError as error:
-        if error.status != 404 or body.model is None:  # OpenAI's clients send their own default names
-            raise
-        model = await tei_model(serving, None, "embed")
+    if not service.models:
+        await serving.model(None)  # the model list, read on first use
+    # Any other name (an OpenAI client's default, a Hugging Face id with its "/") is TEI's one model: here the
+    # first embedding model, at once (no index read for a name that is no model's).
+    model = await tei_model(serving, body.model if body.model in service.names else None, "embed")
+    if model.sparse:
+        raise APIError(424, "`normalize` is not available for SPLADE models: use /embed_sparse")
     texts, input_format = encode_inputs(body.input)
     _tei_empty([text if not input_format or text != "[]" else "" for text in texts])
     check_tei_dimensions(body.dimensions, model.width)
@@ -536,8 +536,8 @@ async def invocations(request: Request, model: str | None = None):
     # read in vLLM's order all the same, so an embed task is answered as /v1/embeddings.
     task = body.get("task") if isinstance(body, dict) and isinstance(body.get("task"), str) else None
     served = await _serving(request)[0].model(name if isinstance(name, str) else model, task)
-    if isinstance(body, dict) and name is None:
-        body = {**body, "model": served.name}
+    if isinstance(body, dict) and name is None:  # the answer names the model as ?model= named it
+        body = {**body, "model": model if model is not None else served.name}
     candidates = [(kind, route) for kind, route, serves in INVOCATIONS if serves(served)]
     for kind, route in candidates:
         try:
@@ -633,6 +633,19 @@ def create_app(triton_url: str, api_key: str | None = None, client: Transport | 
     return app
 
 
+class BrowserCORS(CORSMiddleware):
+    """Starlette's CORS, but a POST without an Origin header (any client but a browser: the short-request hot
+    path) passes straight through: it has no CORS header to add, and a POST's answer is not cached, so no
+    `Vary: Origin` is owed."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and \
+                not any(name == b"origin" for name, _ in scope["headers"]):
+            await self.app(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 def _middlewares(app: FastAPI, api_key: str | None, observed: GatewayMetrics, origins: tuple[str, ...]) -> None:
     """Body limit, API key and metrics, cancellation on disconnect, CORS; errors in OpenAI's shape."""
     # Innermost: the guard below sees (and counts) its 413s; bodies are bounded however they are framed.
@@ -646,7 +659,7 @@ def _middlewares(app: FastAPI, api_key: str | None, observed: GatewayMetrics, or
     # Outermost: a browser's preflight carries no API key, and is answered before the guard asks for one (the
     # request that follows it does). Starlette's CORSMiddleware is plain ASGI, as vLLM and TEI add it.
     if origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["GET", "POST"],
+        app.add_middleware(BrowserCORS, allow_origins=list(origins), allow_methods=["GET", "POST"],
                            allow_headers=["*"])
 
     @app.exception_handler(APIError)

@@ -297,10 +297,12 @@ async def tei_router(service: PoolingService, model: ServedModel) -> dict[str, i
     rows = int(encoder.get("max_batch_size", 0))
     budget = read_parameters(encoder).get("ragged_token_budget")
     workers = sum(int(group.get("count", 1)) for group in tokenizer.get("instance_group", []))
-    settings = {"tokenization_workers": workers, "max_batch_requests": rows}
+    settings = {"tokenization_workers": workers}
     if int(queue.get("max_queue_size", 0)) > 0:  # 0: Triton's unbounded queue
         settings["max_concurrent_requests"] = int(queue["max_queue_size"])
-    if budget is not None or model.max_length:
+    if rows > 0:  # 0: an encoder that does not batch
+        settings["max_batch_requests"] = rows
+    if budget is not None or (rows > 0 and model.max_length):
         settings["max_batch_tokens"] = int(budget) if budget is not None else rows * (model.max_length or 0)
     return settings
 
