@@ -256,6 +256,7 @@ def test_text_embeddings_inference_routes_answer_in_its_shapes_and_codes() -> No
                   (http.post("/embed", json={"inputs": [[7, 8], []]}), 400, "Empty", "`inputs` cannot be empty"),
                   (http.post("/predict", json={"inputs": ["a", "b", "c"]}), 422, "Validation",
                    "a list of texts is one input"),
+                  (http.post("/predict", json={"inputs": []}), 422, "Validation", "invalid length 0"),
                   (http.post("/predict", json={"inputs": [["a"], ["", "b"], ["", ""]]}), 400, "Empty", "cannot be")]
         for response, status, kind, message in errors:
             assert response.status_code == status, response.text

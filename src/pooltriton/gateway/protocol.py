@@ -386,7 +386,10 @@ class TEIPredictRequest(TEIOptions):
         value = self.inputs
         if isinstance(value, str):
             return [(value, None)], False
-        if all(isinstance(text, str) for text in value) and value:
+        if not value:  # TEI's reader refuses an empty list before anything (422), where an empty text is 400 Empty
+            raise APIError(400, "inputs: invalid length 0, expected a text, a pair of texts or a batch of them",
+                           "inputs")
+        if all(isinstance(text, str) for text in value):
             if len(value) > 2:
                 raise APIError(400, "inputs: a list of texts is one input, of one text or a pair of two; send "
                                "a batch as [[a], [a, b], ...]", "inputs")
