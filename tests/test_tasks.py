@@ -375,6 +375,13 @@ def test_gateway_classify_and_cross_encoder_rerank(served, tiny_root: Path) -> N
                                                      "documents": documents}, timeout=60).json()["results"]
         assert [r["index"] for r in ranked] == list(np.argsort(-scores, kind="stable"))
         assert np.abs(np.array([r["relevance_score"] for r in ranked]) - np.sort(scores)[::-1]).max() <= 1e-6
+        # TEI's /rerank body: the cross-encoder's logit through TEI's sigmoid (raw_scores: the logit itself)
+        logits = client.score("query one", documents, model="bert_cross", use_activation=False)
+        for raw, expected_scores in ((False, 1 / (1 + np.exp(-logits))), (True, logits)):
+            tei = httpx.post(f"{url}/rerank", json={"model": "bert_cross", "query": "query one", "texts": documents,
+                                                    "raw_scores": raw}, timeout=60).json()
+            got = np.array([r["score"] for r in sorted(tei, key=lambda r: r["index"])])
+            assert np.abs(got - expected_scores).max() <= 1e-6, (raw, got, expected_scores)
         # Matryoshka: a model exported with --matryoshka-dimensions 16 cuts and re-normalises.
         bert = next(c for c in CASES if c.name == "bert_cls")
         full = np.array(reference(bert, folder_of(tiny_root, bert), texts))
