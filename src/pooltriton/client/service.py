@@ -365,7 +365,8 @@ class PoolingService:
     def served(self, name: str | None, task: str | None = None, scoring: bool = False) -> ServedModel:
         """A model from the last `refresh`: by name, or a name it answers to (--served-model-name; where
         several models share one, the first serving `task`, or with `scoring` the first that can score;
-        WrongTask unless one serves the task), or without a name the first serving `task`."""
+        WrongTask unless one serves the task), or without a name the first serving `task` (with `scoring`, the
+        first that can score, a cross-encoder before a bi-encoder)."""
         if name is None:
             candidates = [m for m in self.models.values() if (task is None or m.task == task)
                           and (not scoring or m.scorer)]
