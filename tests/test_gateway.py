@@ -353,6 +353,10 @@ def test_token_id_input_equals_text_input(http, http_client) -> None:
         assert body["usage"]["prompt_tokens"] == len(ids) * (1 if payload is ids else 2)
     bad = http.post("/v1/embeddings", json={"model": "minilm", "input": [10**9]})
     assert bad.status_code == 400 and "token ids must be integers" in bad.json()["error"]["message"]
+    # TEI's /embed takes a batch mixing texts and rows of ids, answered in order
+    mixed = http.post("/embed", json={"model": "minilm", "inputs": ["hello world", ids, "hello world"]}).json()
+    expected = http_client.embed(["hello world", "A man is eating food.", "hello world"])
+    assert np.abs(np.array(mixed) - expected).max() <= 1e-5
 
 
 @pytest.mark.parametrize("priority", [-5, 0, 7])

@@ -312,6 +312,12 @@ def test_text_embeddings_inference_post_root_info_similarity_decode_and_embed_al
                                                                                   {"index": 3, "value": 6.0}]]
         ranked = http.post("/", json={"model": "rr", "query": "q", "texts": ["long text", "ab"]}).json()
         assert [r["index"] for r in ranked] == [1, 0] and fake.requests[-1].model == "rr_score"
+        # A batch that mixes texts and rows of ids (TEI's Input): each kind one encode, the answers in order
+        sent = len(fake.requests)
+        mixed = http.post("/embed", json={"model": "emb", "inputs": ["abc", [7, 8], "de"]})
+        assert mixed.json() == [[3, 4, 5, 6], [6, 7, 8, 9], [2, 3, 4, 5]], mixed.text  # "[7, 8]": 6 characters
+        assert sorted(len(r.inputs[TEXT]) for r in fake.requests[sent:]) == [1, 2]
+        assert mixed.headers["x-compute-characters"] == str(3 + 2 + 2)
         # TEI's x-compute-* headers on its inference answers (what HF's endpoints and usage meters read)
         metered = http.post("/embed", json={"model": "emb", "inputs": ["abc", "de f"]})
         assert metered.headers["x-compute-characters"] == "7"

@@ -235,21 +235,36 @@ async def _tei_encode(request: Request, body: TEIEmbedSparseRequest, task: str, 
                       dimensions: int | None = None) -> np.ndarray | list[np.ndarray]:
     """text-embeddings-inference's embedding routes over the same encode (`dimensions`: /embed's cut)."""
     serving, service = _serving(request)
-    texts, input_format = encode_inputs(body.inputs)
+    inputs = body.inputs
+    # A batch of texts and rows of ids together (TEI's Input): each kind one encode, answers put back in order.
+    groups: list[list[int]] = []
+    if isinstance(inputs, list) and any(isinstance(v, str) for v in inputs) and \
+            any(isinstance(v, list) for v in inputs):
+        groups = [[i for i, v in enumerate(inputs) if isinstance(v, kind)] for kind in (str, list)]
+    encoded = [encode_inputs([inputs[i] for i in group]) for group in groups] or [encode_inputs(inputs)]
     # token ids travel as JSON lists: an empty one is "[]"
-    _tei_empty([text if not input_format or text != "[]" else "" for text in texts])
+    _tei_empty([text if not input_format or text != "[]" else "" for texts, input_format in encoded for text in texts])
     parameters = body.parameters()
     model = await tei_model(serving, body.model, task, sparse, fallback=not parameters["use_activation"])
     if model.sparse and parameters["use_activation"]:
         raise APIError(424, "`normalize` is not available for SPLADE models: send \"normalize\": false for the "
                        "whole vector, or use /embed_sparse")
     check_tei_dimensions(dimensions, model.width)  # before the model runs, where the width is known
-    pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **parameters,
-                                          **input_format), fields={"input": "inputs"})
-    _metered(request, _characters(texts, bool(input_format)), pooled.tokens)
-    if isinstance(pooled.values, list):  # per token: one array per input
-        return [np.ascontiguousarray(values, dtype=np.float32) for values in pooled.values]
-    return tei_cut(np.ascontiguousarray(pooled.values, dtype=np.float32), dimensions, parameters["use_activation"])
+    answers = await _all([serving(service.encode(texts, model=model.name, priority=body.priority, **parameters,
+                                                 **input_format), fields={"input": "inputs"})
+                          for texts, input_format in encoded])
+    _metered(request, sum(_characters(texts, bool(input_format)) for texts, input_format in encoded),
+             sum(answer.tokens for answer in answers))
+    values: Any = answers[0].values
+    if groups:
+        values = [np.empty(0)] * len(inputs)
+        for group, answer in zip(groups, answers):
+            for index, value in zip(group, answer.values):
+                values[index] = value
+        values = values if isinstance(answers[0].values, list) else np.stack(values)
+    if isinstance(values, list):  # per token: one array per input
+        return [np.ascontiguousarray(value, dtype=np.float32) for value in values]
+    return tei_cut(np.ascontiguousarray(values, dtype=np.float32), dimensions, parameters["use_activation"])
 
 
 @router.post("/embed")

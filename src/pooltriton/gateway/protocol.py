@@ -300,7 +300,8 @@ class TEIOptions(BaseModel):
 class TEIEmbedSparseRequest(TEIOptions):
     """text-embeddings-inference's /embed_sparse body."""
 
-    inputs: str | list[str] | list[int] | list[list[int]]
+    # A batch may mix texts and rows of token ids, as TEI's Input reads it.
+    inputs: str | list[int] | list[str | list[int]]
     prompt_name: str | None = Field(None, max_length=200)
 
     def parameters(self) -> dict[str, Any]:
