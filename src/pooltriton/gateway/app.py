@@ -37,7 +37,7 @@ from pydantic import BaseModel, ValidationError
 from tritonclient.utils import InferenceServerException
 
 from pooltriton.client.coalesce import IN_FLIGHT
-from pooltriton.client.service import PoolingService, Transport, TritonTransport
+from pooltriton.client.service import PoolingService, ServedModel, Transport, TritonTransport
 from pooltriton.contract import ADMIN_KEY_ENV, QUEUE_TIMEOUT_MS, admin_headers
 from pooltriton.contract.requests import check_dimensions
 from pooltriton.gateway.body_limit import BodyLimit
@@ -231,12 +231,12 @@ def _metered(request: Request, characters: int, tokens: int) -> None:
     request.state.compute = (characters, tokens)
 
 
-async def _tei_encode(request: Request, body: TEIEmbedSparseRequest, task: str, sparse: bool = False,
-                      dimensions: int | None = None) -> np.ndarray | list[np.ndarray]:
-    """text-embeddings-inference's embedding routes over the same encode (`dimensions`: /embed's cut)."""
-    serving, service = _serving(request)
-    inputs = body.inputs
-    # A batch of texts and rows of ids together (TEI's Input): each kind one encode, answers put back in order.
+Batches = tuple[list[list[int]], list[tuple[list[str], dict[str, Any]]]]
+
+
+def _tei_batches(inputs: Any) -> Batches:
+    """TEI's Input: texts, rows of token ids, or a batch of both (then each kind is one encode and the
+    answers are put back in order: the index groups); TEI's 400 Empty for an empty input."""
     groups: list[list[int]] = []
     if isinstance(inputs, list) and any(isinstance(v, str) for v in inputs) and \
             any(isinstance(v, list) for v in inputs):
@@ -244,46 +244,66 @@ async def _tei_encode(request: Request, body: TEIEmbedSparseRequest, task: str, 
     encoded = [encode_inputs([inputs[i] for i in group]) for group in groups] or [encode_inputs(inputs)]
     # token ids travel as JSON lists: an empty one is "[]"
     _tei_empty([text if not input_format or text != "[]" else "" for texts, input_format in encoded for text in texts])
-    parameters = body.parameters()
-    model = await tei_model(serving, body.model, task, sparse, fallback=not parameters["use_activation"])
-    if model.sparse and parameters["use_activation"]:
-        raise APIError(424, "`normalize` is not available for SPLADE models: send \"normalize\": false for the "
-                       "whole vector, or use /embed_sparse")
+    return groups, encoded
+
+
+async def _tei_encode(request: Request, model: ServedModel, batches: Batches, parameters: dict[str, Any], *,
+                      priority: int, fields: dict[str, str] | None = None,
+                      dimensions: int | None = None) -> tuple[np.ndarray | list[np.ndarray], int]:
+    """text-embeddings-inference's embedding routes over the same encode: the values in the inputs' order
+    (`dimensions`: TEI's cut, normalised again where `use_activation`) and the tokens computed."""
+    serving, service = _serving(request)
+    groups, encoded = batches
     check_tei_dimensions(dimensions, model.width)  # before the model runs, where the width is known
-    answers = await _all([serving(service.encode(texts, model=model.name, priority=body.priority, **parameters,
-                                                 **input_format), fields={"input": "inputs"})
+    answers = await _all([serving(service.encode(texts, model=model.name, priority=priority, **parameters,
+                                                 **input_format), fields=fields)
                           for texts, input_format in encoded])
-    _metered(request, sum(_characters(texts, bool(input_format)) for texts, input_format in encoded),
-             sum(answer.tokens for answer in answers))
+    tokens = sum(answer.tokens for answer in answers)
+    _metered(request, sum(_characters(texts, bool(input_format)) for texts, input_format in encoded), tokens)
     values: Any = answers[0].values
     if groups:
-        values = [np.empty(0)] * len(inputs)
+        values = [np.empty(0)] * sum(map(len, groups))
         for group, answer in zip(groups, answers):
             for index, value in zip(group, answer.values):
                 values[index] = value
         values = values if isinstance(answers[0].values, list) else np.stack(values)
     if isinstance(values, list):  # per token: one array per input
-        return [np.ascontiguousarray(value, dtype=np.float32) for value in values]
-    return tei_cut(np.ascontiguousarray(values, dtype=np.float32), dimensions, parameters["use_activation"])
+        return [np.ascontiguousarray(value, dtype=np.float32) for value in values], tokens
+    return tei_cut(np.ascontiguousarray(values, dtype=np.float32), dimensions, parameters["use_activation"]), tokens
+
+
+async def _tei_embedding(request: Request, body: TEIEmbedSparseRequest, task: str, sparse: bool = False,
+                         dimensions: int | None = None) -> np.ndarray | list[np.ndarray]:
+    """/embed, /embed_sparse and /embed_all: the model the body names, else the first of the route's kind."""
+    serving, _ = _serving(request)
+    batches = _tei_batches(body.inputs)
+    parameters = body.parameters()
+    model = await tei_model(serving, body.model, task, sparse, fallback=not parameters["use_activation"])
+    if model.sparse and parameters["use_activation"]:
+        raise APIError(424, "`normalize` is not available for SPLADE models: send \"normalize\": false for the "
+                       "whole vector, or use /embed_sparse")
+    values, _ = await _tei_encode(request, model, batches, parameters, priority=body.priority,
+                                  fields={"input": "inputs"}, dimensions=dimensions)
+    return values
 
 
 @router.post("/embed")
 async def tei_embed(body: TEIEmbedRequest, request: Request):
     """text-embeddings-inference's /embed: [[float]], normalised unless `normalize` is false."""
-    return JSON(await _tei_encode(request, body, "embed", dimensions=body.dimensions))
+    return JSON(await _tei_embedding(request, body, "embed", dimensions=body.dimensions))
 
 
 @router.post("/embed_sparse")
 async def tei_embed_sparse(body: TEIEmbedSparseRequest, request: Request):
     """text-embeddings-inference's /embed_sparse: a SPLADE model's non-zero weights, [[{index, value}]]."""
-    return JSON(sparse_values(await _tei_encode(request, body, "embed", sparse=True)))
+    return JSON(sparse_values(await _tei_embedding(request, body, "embed", sparse=True)))
 
 
 @router.post("/embed_all")
 async def tei_embed_all(body: TEIEmbedSparseRequest, request: Request):
     """text-embeddings-inference's /embed_all: every token's embedding per input, [[[float]]], raw: the
     hidden states a token_embed model serves (a pooled model's are pooled inside its graph)."""
-    return JSON(await _tei_encode(request, body, "token_embed"))
+    return JSON(await _tei_embedding(request, body, "token_embed"))
 
 
 @router.post("/similarity")
@@ -459,10 +479,11 @@ async def rerank_route(body: RerankRequest, request: Request):
     # text-embeddings-inference's activation of a cross-encoder's logit is its own (tei_activation's sigmoid).
     logits = body.tei and model.task == "classify"
     options = {**body.parameters(), "use_activation": False} if logits else body.parameters()
-    ranked = await serving(service.rerank(body.query, body.candidates(), model=model.name, top_n=body.top_n or None,
+    candidates = body.candidates()
+    ranked = await serving(service.rerank(body.query, candidates, model=model.name, top_n=body.top_n or None,
                                           priority=body.priority, **options))
     if body.tei:  # text-embeddings-inference's answer: [{index, score, text?}], highest first
-        _metered(request, len(body.query) * len(body.candidates()) + _characters(body.candidates()), ranked.tokens)
+        _metered(request, len(body.query) * len(candidates) + _characters(candidates), ranked.tokens)
         scores = np.array([r.score for r in ranked.values], dtype=np.float32)
         if logits and not body.raw_scores:
             scores = tei_activation(scores[:, None])[:, 0]
@@ -485,6 +506,7 @@ async def tei_openai_embeddings(body: TEIOpenAIRequest, request: Request):
     `dimensions` (any size up to the width), and a `model` not served is the first embedding model (TEI
     serves one and only warns of it). Errors in OpenAI's shape."""
     serving, service = _serving(request)
+    batches = _tei_batches(body.input)
     if not service.models:
         await serving.model(None)  # the model list, read on first use
     # Any other name (an OpenAI client's default, a Hugging Face id with its "/") is TEI's one model: here the
@@ -492,16 +514,11 @@ async def tei_openai_embeddings(body: TEIOpenAIRequest, request: Request):
     model = await tei_model(serving, body.model if body.model in service.names else None, "embed")
     if model.sparse:
         raise APIError(424, "`normalize` is not available for SPLADE models: use /embed_sparse")
-    texts, input_format = encode_inputs(body.input)
-    _tei_empty([text if not input_format or text != "[]" else "" for text in texts])
-    check_tei_dimensions(body.dimensions, model.width)
-    pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, truncate="END",
-                                          use_activation=True, **input_format))
-    _metered(request, _characters(texts, bool(input_format)), pooled.tokens)
-    vectors = tei_cut(np.ascontiguousarray(pooled.values, dtype=np.float32), body.dimensions, True)
+    vectors, tokens = await _tei_encode(request, model, batches, {"truncate": "END", "use_activation": True},
+                                        priority=body.priority, dimensions=body.dimensions)
     data = [{"object": "embedding", "index": i,
              "embedding": base64_vector(v) if body.encoding_format == "base64" else v} for i, v in enumerate(vectors)]
-    return JSON({"object": "list", "data": data, "model": model.name, "usage": usage(pooled.tokens)})
+    return JSON({"object": "list", "data": data, "model": model.name, "usage": usage(tokens)})
 
 
 for path in ("/score", "/v1/score"):

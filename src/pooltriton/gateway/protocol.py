@@ -325,7 +325,7 @@ class TEIEmbedRequest(TEIEmbedSparseRequest):
 class TEIOpenAIRequest(BaseModel):
     """text-embeddings-inference's OpenAI body (its /embeddings): no options beyond OpenAI's; `priority` ours."""
 
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[int] | list[str | list[int]]  # TEI's Input, as /embed's `inputs`
     model: str | None = None
     user: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
