@@ -670,15 +670,13 @@ T5_REFUSAL = r"supported as the encoder of a sentence-transformers embedding \(i
 
 
 @pytest.mark.parametrize(("family", "head", "refusal"), [
-    # Gemma (1) as bge-reranker-v2-gemma's kind of model only.
-    ("gemma", "causal", r"supported as a reranker \(--classifier-from-tokens\) only"),
     # BART as bart-large-mnli's (its decoder's last </s> into the classification head): no embedding of its
     # decoder's states.
     ("bart", "embed", r"supported as a sequence classifier \(its own classification head, task classify\) only"),
     # T5 as sentence-t5's and GTR's encoder: its classifiers (decoder's last </s>, or per token) are unproven,
     # and a bare T5Model's default pooling (no sentence-transformers Pooling) too.
     ("t5", "classify", T5_REFUSAL), ("t5", "token_classify", T5_REFUSAL), ("t5", "embed", T5_REFUSAL),
-], ids=["gemma", "bart", "t5_classify", "t5_token_classify", "t5_bare"])
+], ids=["bart", "t5_classify", "t5_token_classify", "t5_bare"])
 def test_a_family_proven_for_one_use_is_refused_for_the_others(tmp_path: Path, family: str, head: str,
                                                                refusal: str) -> None:
     model = build(tmp_path / "models", family, head)

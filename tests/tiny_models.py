@@ -55,7 +55,7 @@ ENCODERS = ("bert", "xlmr", "distilbert")
 # The architectures people bring today, at a scale where numerics matter (hidden 128, 4 heads) and with
 # attention windows (8 tokens) shorter than the test texts.
 MODERN = ("roberta", "camembert", "mpnet", "electra", "deberta_v2", "modernbert", "nomic_bert", "gte", "qwen3",
-          "mistral", "gemma2", "gemma3", "gemma3_bidirectional")
+          "mistral", "gemma", "gemma2", "gemma3", "gemma3_bidirectional")
 MODERN_ENCODERS = ("roberta", "camembert", "mpnet", "electra", "deberta_v2", "modernbert", "nomic_bert", "gte",
                    "gemma3_bidirectional")
 WINDOW = 8
@@ -194,7 +194,7 @@ def _modern_config(family: str, common: dict):
         return Qwen3Config(head_dim=32, tie_word_embeddings=False, **decoder)
     if family == "mistral":
         return MistralConfig(sliding_window=WINDOW, **decoder)
-    if family == "gemma":  # bge-reranker-v2-gemma's family (a causal LM whose "Yes" logit ranks)
+    if family == "gemma":  # Gemma 1 (bge-reranker-v2-gemma's family: a causal LM whose "Yes" logit ranks)
         return GemmaConfig(head_dim=32, **decoder)
     if family == "gemma2":
         # Soft-capping low enough to bend these scores and logits (Gemma 2's 50 and 30 would leave them

@@ -39,10 +39,10 @@ SUPPORTED_MODEL_TYPES = frozenset(
      "nomic_bert", "gte", "bart", "t5", "gpt2", "qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3_text"}
 )
 # Of those, families the matrix proves for one use only (export.build.check_supported refuses the rest):
-# Gemma as a causal LM's reranker (bge-reranker-v2-gemma's); BART as a sequence classifier (bart-large-mnli's
-# NLI head reads the decoder's state at the last </s>, LAST pooling of the decoder here); T5 as the encoder
-# of a sentence-transformers embedding (sentence-t5, GTR: T5EncoderModel, no decoder).
-ONE_USE_MODEL_TYPES = {"gemma": "reranker", "bart": "classify", "t5": "embed"}
+# BART as a sequence classifier (bart-large-mnli's NLI head reads the decoder's state at the last </s>, LAST
+# pooling of the decoder here); T5 as the encoder of a sentence-transformers embedding (sentence-t5, GTR:
+# T5EncoderModel, no decoder).
+ONE_USE_MODEL_TYPES = {"bart": "classify", "t5": "embed"}
 # Families whose activations overflow fp16 (transformers keeps T5's feed-forward output layers in fp32): a
 # GPU export in auto precision runs them in fp32, and an explicit fp16 is refused.
 FP16_OVERFLOW_MODEL_TYPES = frozenset({"t5"})

@@ -340,8 +340,7 @@ def check_supported(config: PoolerConfig) -> None:
             f"architecture: its attention and heads have not been checked against transformers here. "
             f"Supported model types: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}")
     use = ONE_USE_MODEL_TYPES.get(config.model_type)
-    proven = {"reranker": config.classifier_token_ids is not None,
-              "classify": config.task is Task.CLASSIFY and config.classifier_token_ids is None,
+    proven = {"classify": config.task is Task.CLASSIFY and config.classifier_token_ids is None,
               "embed": (config.task is Task.EMBED and config.classifier_token_ids is None
                         and not config.pooling_type.sparse
                         and config.sources.get("pooling_type") == SENTENCE_TRANSFORMERS)}
@@ -351,8 +350,7 @@ def check_supported(config: PoolerConfig) -> None:
             f"{_ONE_USE_WORDS[use]} only: its other heads have not been checked against transformers here")
 
 
-_ONE_USE_WORDS = {"reranker": "a reranker (--classifier-from-tokens)",
-                  "classify": "a sequence classifier (its own classification head, task classify)",
+_ONE_USE_WORDS = {"classify": "a sequence classifier (its own classification head, task classify)",
                   "embed": "the encoder of a sentence-transformers embedding (its Pooling, task embed)"}
 
 
