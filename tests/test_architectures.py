@@ -34,10 +34,11 @@ CASES = [(family, head) for head in ("embed", "classify", "token_classify") for 
 TEXTS = varied_texts(12, seed=5, max_words=40)
 # A Qwen3-Reranker-style prompt in the tiny vocabulary: the model answers "yes" or "no" after it.
 RERANK_TEMPLATE = "query: {query} document: {document} relevant answer"
-# (model, family, --classifier-from-tokens): Qwen3-Reranker's two tokens, bge-reranker-v2-gemma's one;
-# A Gemma 2 one soft-caps its logits (final_logit_softcapping) before the difference.
+# (model, family, --classifier-from-tokens): Qwen3-Reranker's two tokens, bge-reranker-v2-gemma's one,
+# mxbai-rerank-v2's "0" and "1" on Qwen2; a Gemma 2 one soft-caps its logits (final_logit_softcapping)
+# before the difference.
 RERANKERS = [("qwen3_reranker", "qwen3", ("no", "yes")), ("gemma_reranker", "gemma", ("yes",)),
-             ("gemma2_reranker", "gemma2", ("no", "yes"))]
+             ("gemma2_reranker", "gemma2", ("no", "yes")), ("qwen2_reranker", "qwen2", ("0", "1"))]
 # sentence-transformers pipelines: every Pooling mode, a Dense after pooling, with and without Normalize,
 # and T5's encoder as sentence-transformers loads it (T5EncoderModel).
 ST_CASES = [("bert", "max", False, True), ("bert", "mean_sqrt_len_tokens", False, True),
