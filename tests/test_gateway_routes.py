@@ -386,8 +386,12 @@ def test_text_embeddings_inference_post_root_info_similarity_decode_and_embed_al
         assert hub_id.status_code == 200 and fake.requests[-1].model == "emb", hub_id.text
         assert http.post("/embeddings", json={"model": "spl", "input": "abc"}).status_code == 424  # TEI's SPLADE
         assert http.post("/embeddings", json={"input": "abc", "dimensions": 5}).status_code == 400
-        mixed = http.post("/embeddings", json={"input": ["abc", [7, 8]]})  # TEI's Input here too
-        assert [item["embedding"] for item in mixed.json()["data"]] == [[3, 4, 5, 6], [6, 7, 8, 9]], mixed.text
+        mixed = http.post("/embeddings", json={"input": [[7, 8], "abc", "de"]})  # TEI's Input here too, in order
+        assert [item["embedding"] for item in mixed.json()["data"]] == [[6, 7, 8, 9], [3, 4, 5, 6], [2, 3, 4, 5]], \
+            mixed.text
+        assert mixed.headers["x-compute-characters"] == str(2 + 3 + 2)  # a row of ids counts its ids
+        empty = http.post("/embeddings", json={"input": ["abc", ""]}).json()["error"]
+        assert empty["code"] == 400 and empty["param"] == "input", empty  # OpenAI's shape names its own field
 
         sent = len(fake.requests)
         errors = [(http.post("/", content=b"{not json"), 422, "Validation", "not JSON"),

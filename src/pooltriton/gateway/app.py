@@ -212,10 +212,11 @@ async def _cohere_embed(body: CohereEmbedRequest, request: Request, kinds: Seque
 TEI_ROUTES = ("/", "/info", "/embed", "/embed_all", "/embed_sparse", "/predict", "/similarity", "/decode")
 
 
-def _tei_empty(texts: Sequence[str], pairs: Sequence[str | None] | None = None) -> None:
-    """TEI's 400 "Empty" for no input, or an input with no text (a pair only where both are empty)."""
+def _tei_empty(texts: Sequence[str], pairs: Sequence[str | None] | None = None, param: str = "inputs") -> None:
+    """TEI's 400 "Empty" for no input, or an input with no text (a pair only where both are empty); `param`:
+    the body's field (its OpenAI route's is `input`; TEI's message names `inputs` on every route)."""
     if not texts or any(not text and not (pairs and pairs[i]) for i, text in enumerate(texts)):
-        raise APIError(400, "`inputs` cannot be empty", "inputs", kind="Empty")
+        raise APIError(400, "`inputs` cannot be empty", param, kind="Empty")
 
 
 def _characters(texts: Sequence[str], token_ids: bool = False) -> int:
@@ -234,7 +235,7 @@ def _metered(request: Request, characters: int, tokens: int) -> None:
 Batches = tuple[list[list[int]], list[tuple[list[str], dict[str, Any]]]]
 
 
-def _tei_batches(inputs: Any) -> Batches:
+def _tei_batches(inputs: Any, param: str = "inputs") -> Batches:
     """TEI's Input: texts, rows of token ids, or a batch of both (then each kind is one encode and the
     answers are put back in order: the index groups); TEI's 400 Empty for an empty input."""
     groups: list[list[int]] = []
@@ -243,7 +244,8 @@ def _tei_batches(inputs: Any) -> Batches:
         groups = [[i for i, v in enumerate(inputs) if isinstance(v, kind)] for kind in (str, list)]
     encoded = [encode_inputs([inputs[i] for i in group]) for group in groups] or [encode_inputs(inputs)]
     # token ids travel as JSON lists: an empty one is "[]"
-    _tei_empty([text if not input_format or text != "[]" else "" for texts, input_format in encoded for text in texts])
+    _tei_empty([text if not input_format or text != "[]" else "" for texts, input_format in encoded for text in texts],
+               param=param)
     return groups, encoded
 
 
@@ -506,7 +508,7 @@ async def tei_openai_embeddings(body: TEIOpenAIRequest, request: Request):
     `dimensions` (any size up to the width), and a `model` not served is the first embedding model (TEI
     serves one and only warns of it). Errors in OpenAI's shape."""
     serving, service = _serving(request)
-    batches = _tei_batches(body.input)
+    batches = _tei_batches(body.input, "input")
     if not service.models:
         await serving.model(None)  # the model list, read on first use
     # Any other name (an OpenAI client's default, a Hugging Face id with its "/") is TEI's one model: here the
