@@ -315,9 +315,9 @@ def test_text_embeddings_inference_post_root_info_similarity_decode_and_embed_al
         # A batch that mixes texts and rows of ids (TEI's Input): each kind one encode, the answers in order
         sent = len(fake.requests)
         mixed = http.post("/embed", json={"model": "emb", "inputs": ["abc", [7, 8], "de"]})
-        assert mixed.json() == [[3, 4, 5, 6], [6, 7, 8, 9], [2, 3, 4, 5]], mixed.text  # "[7, 8]": 6 characters
+        assert mixed.json() == [[3, 4, 5, 6], [6, 7, 8, 9], [2, 3, 4, 5]], mixed.text
         assert sorted(len(r.inputs[TEXT]) for r in fake.requests[sent:]) == [1, 2]
-        assert mixed.headers["x-compute-characters"] == str(3 + 2 + 2)
+        assert mixed.headers["x-compute-characters"] == str(3 + 2 + 2)  # a row of ids counts its ids
         # TEI's x-compute-* headers on its inference answers (what HF's endpoints and usage meters read)
         metered = http.post("/embed", json={"model": "emb", "inputs": ["abc", "de f"]})
         assert metered.headers["x-compute-characters"] == "7"
