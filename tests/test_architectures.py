@@ -447,18 +447,27 @@ def test_a_lost_window_fails_verification(modern_root: Path, tmp_path: Path, mon
     ("no_tokenizer", "has no tokenizer.json"),
     ("corrupt_weights", "cannot be loaded"),
     ("remote_code", "--trust-remote-code"),
+    # vLLM's GritLM (bidirectional, MEAN after the instruction) under Mistral's model_type, without its code
+    ("foreign_architecture", "names the architecture GritLM, which is neither a transformers class"),
+    # transformers' Qwen3 attends causally whatever this says; TEI and vLLM's Voyage model both ways
+    ("bidirectional_flag", 'set "is_causal": false in config.json instead'),
 ])
 def test_refusals_are_one_paragraph_with_exit_2(modern_root: Path, tmp_path: Path, make: str, message: str) -> None:
     import json
     import shutil
 
     folder = tmp_path / "model"
-    shutil.copytree(build(modern_root, "roberta", "embed"), folder)
+    family = {"foreign_architecture": "mistral", "bidirectional_flag": "qwen3"}.get(make, "roberta")
+    shutil.copytree(build(modern_root, family, "embed"), folder)
     config = json.loads((folder / "config.json").read_text())
     if make == "unsupported":
         config.update(model_type="falcon", architectures=["FalconModel"])
     elif make == "remote_code":
         config["auto_map"] = {"AutoModel": "modeling_x.XModel"}
+    elif make == "foreign_architecture":
+        config["architectures"] = ["GritLM"]
+    elif make == "bidirectional_flag":
+        config["use_bidirectional_attention"] = True
     (folder / "config.json").write_text(json.dumps(config))
     if make == "no_tokenizer":
         (folder / "tokenizer.json").unlink()

@@ -212,3 +212,24 @@ def test_an_explicit_splade_pooling_serves_raw_weights(tmp_path) -> None:
     config = resolve(folder, pooling_type="SPLADE_SUM")
     assert (config.pooling_type.value, config.use_activation) == ("SPLADE_SUM", False)
     assert resolve(folder, pooling_type="SPLADE_SUM", use_activation=True).use_activation
+
+
+# (architecture, model_type, config keys, causal, window as |query - key| < window): transformers' masks.
+ATTENTION_TABLE = [
+    ("MistralModel", "mistral", {"sliding_window": 8}, True, 8),  # kv > q - 8
+    # `is_causal: false` (gte-Qwen2's kind): both ways, and a window keeps |q - kv| <= 8
+    ("MistralModel", "mistral", {"sliding_window": 8, "is_causal": False}, False, 9),
+    ("Qwen2Model", "qwen2", {"is_causal": False, "sliding_window": 8, "use_sliding_window": False}, False, 0),
+    # EmbeddingGemma: Gemma 3's flag halves the window (its config), exclusive bounds
+    ("Gemma3TextModel", "gemma3_text", {"sliding_window": 8, "use_bidirectional_attention": True}, False, 5),
+    # the flag means nothing to transformers' Qwen3 (the export refuses it, export.build.check_architecture)
+    ("Qwen3Model", "qwen3", {"use_bidirectional_attention": True}, True, 0),
+    ("BertModel", "bert", {"is_causal": False}, False, 0),  # encoders are not decoders either way
+]
+
+
+@pytest.mark.parametrize(("architecture", "model_type", "extra", "causal", "window"), ATTENTION_TABLE)
+def test_attention_follows_what_transformers_reads_from_the_config(tmp_path, architecture, model_type, extra,
+                                                                   causal, window) -> None:
+    config = resolve(model_dir(tmp_path, architecture, model_type, extra=extra))
+    assert (config.causal, config.sliding_window) == (causal, window)

@@ -54,10 +54,11 @@ FAMILIES = ("bert", "xlmr", "distilbert", "gpt2", "qwen2", "llama")
 ENCODERS = ("bert", "xlmr", "distilbert")
 # The architectures people bring today, at a scale where numerics matter (hidden 128, 4 heads) and with
 # attention windows (8 tokens) shorter than the test texts.
+# mistral_bidirectional: a decoder whose config says `is_causal: false` (gte-Qwen2's kind), with a window.
 MODERN = ("roberta", "camembert", "mpnet", "electra", "deberta_v2", "modernbert", "nomic_bert", "gte", "qwen3",
-          "mistral", "gemma", "gemma2", "gemma3", "gemma3_bidirectional")
+          "mistral", "mistral_bidirectional", "gemma", "gemma2", "gemma3", "gemma3_bidirectional")
 MODERN_ENCODERS = ("roberta", "camembert", "mpnet", "electra", "deberta_v2", "modernbert", "nomic_bert", "gte",
-                   "gemma3_bidirectional")
+                   "gemma3_bidirectional", "mistral_bidirectional")
 WINDOW = 8
 # ModernBERT at its real 8,192-token limit (the long-input test; not in the matrix).
 LONG = "modernbert_long"
@@ -192,8 +193,9 @@ def _modern_config(family: str, common: dict):
                "eos_token_id": None, **common}
     if family == "qwen3":
         return Qwen3Config(head_dim=32, tie_word_embeddings=False, **decoder)
-    if family == "mistral":
-        return MistralConfig(sliding_window=WINDOW, **decoder)
+    if family in ("mistral", "mistral_bidirectional"):
+        bidirectional = {"is_causal": False} if family == "mistral_bidirectional" else {}
+        return MistralConfig(sliding_window=WINDOW, **bidirectional, **decoder)
     if family == "gemma":  # Gemma 1 (bge-reranker-v2-gemma's family: a causal LM whose "Yes" logit ranks)
         return GemmaConfig(head_dim=32, **decoder)
     if family == "gemma2":

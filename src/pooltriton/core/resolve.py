@@ -202,9 +202,26 @@ def is_decoder(files: ModelFiles) -> bool:
             or files.hf.get("model_type", "") in DECODER_MODEL_TYPES)
 
 
+# Families whose transformers code builds its masks from `use_bidirectional_attention` (EmbeddingGemma's
+# Gemma 3). Gemma 1 and 2 read it only as SDPA's flag, so a padded batch still attends causally there, and
+# Qwen, Llama and Mistral ignore it: export.build.check_supported refuses it on those.
+BIDIRECTIONAL_FLAG_MODEL_TYPES = frozenset({"gemma3", "gemma3_text"})
+
+
+def bidirectional_by_flag(hf: dict[str, Any]) -> bool:
+    return bool(hf.get("use_bidirectional_attention")) and hf.get("model_type") in BIDIRECTIONAL_FLAG_MODEL_TYPES
+
+
+def bidirectional_by_is_causal(hf: dict[str, Any]) -> bool:
+    """transformers' switch for any decoder (masking_utils: `not getattr(config, "is_causal", True)`), which
+    vLLM's and TEI's Qwen models read too: gte-Qwen2 and other bidirectional conversions set it false."""
+    return not hf.get("is_causal", True)
+
+
 def is_causal(files: ModelFiles) -> bool:
-    """A decoder attends causally unless its config says it is bidirectional (EmbeddingGemma)."""
-    return is_decoder(files) and not files.hf.get("use_bidirectional_attention")
+    """A decoder attends causally unless its config says it is bidirectional (EmbeddingGemma's flag, or
+    `is_causal: false`)."""
+    return is_decoder(files) and not bidirectional_by_flag(files.hf) and not bidirectional_by_is_causal(files.hf)
 
 
 def sliding_window(hf: dict[str, Any]) -> int:
@@ -223,8 +240,11 @@ def sliding_window(hf: dict[str, Any]) -> int:
         return 0
     if layer_types is None and hf.get("use_sliding_window") is False:
         return 0
-    # A bidirectional window of N tokens reaches N // 2 each way (transformers' Gemma 3 config).
-    return int(window) // 2 + 1 if hf.get("use_bidirectional_attention") else int(window)
+    # A bidirectional window of N tokens reaches N // 2 each way (transformers' Gemma 3 config); with
+    # `is_causal: false` transformers keeps |query - key| <= N (create_bidirectional_sliding_window_mask).
+    if bidirectional_by_flag(hf):
+        return int(window) // 2 + 1
+    return int(window) + 1 if bidirectional_by_is_causal(hf) else int(window)
 
 
 def st_pooling_type(pooling: dict[str, Any], splade: bool = False) -> PoolingType | None:

@@ -69,6 +69,7 @@ from pooltriton.contract.parameters import (
 )
 from pooltriton.core.capabilities import AUTO, Capabilities, PrecisionError, choose_precision, detect
 from pooltriton.core.resolve import (
+    BIDIRECTIONAL_FLAG_MODEL_TYPES,
     FP16_OVERFLOW_MODEL_TYPES,
     ONE_USE_MODEL_TYPES,
     SENTENCE_TRANSFORMERS,
@@ -223,6 +224,7 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     if not tokenizer_file.is_file():
         raise ResolutionError(f"{model_dir} has no tokenizer.json (a fast tokenizer is required)")
     check_model_files(model_dir, options.allow_pickle, options.trust_remote_code)
+    check_architecture(model_dir)
     progress = Progress(6 if options.precision == INT8 else 5)
     progress(f"resolving pooler configuration of {model_dir}")
     config = resolve_options(model_dir, options)
@@ -352,6 +354,30 @@ def check_supported(config: PoolerConfig) -> None:
 
 _ONE_USE_WORDS = {"classify": "a sequence classifier (its own classification head, task classify)",
                   "embed": "the encoder of a sentence-transformers embedding (its Pooling, task embed)"}
+
+
+def check_architecture(model_dir: Path) -> None:
+    """What config.json says that transformers, the reference here, would not do: such a model would be
+    verified against a reference that differs from what its users run, so it is refused, saying why."""
+    import transformers
+
+    config = json.loads((model_dir / "config.json").read_text()) if (model_dir / "config.json").is_file() else {}
+    model_type = config.get("model_type")
+    # A name that is no transformers class (vLLM's GritLM, a *Bidirectional* model re-saved without its code)
+    # would load as the family's plain model; with auto_map its own code runs (--trust-remote-code).
+    foreign = [name for name in config.get("architectures") or [] if not hasattr(transformers, name)]
+    if foreign and not config.get("auto_map"):
+        raise ResolutionError(
+            f"{model_dir}'s config.json names the architecture {foreign[0]}, which is neither a transformers class "
+            f"nor custom code in the folder (auto_map): it would load as transformers' plain {model_type} model, "
+            f"while the code its users run (and vLLM's, where it has one) may attend or pool otherwise; name "
+            f"the transformers class it is in `architectures` if it is one")
+    if config.get("use_bidirectional_attention") and model_type not in BIDIRECTIONAL_FLAG_MODEL_TYPES:
+        raise ResolutionError(
+            f"{model_dir}'s config.json sets use_bidirectional_attention, which transformers' {model_type} does "
+            f"not apply (it attends causally, at least in a padded batch) while TEI and vLLM's bidirectional "
+            f"models attend both ways: no reference here agrees with either. If the model is bidirectional, set "
+            f'"is_causal": false in config.json instead (transformers\' switch for every decoder) and export again')
 
 
 def check_model_files(model_dir: Path, allow_pickle: bool, trust_remote_code: bool) -> None:
