@@ -57,7 +57,8 @@ CASES = [
     *[Case(f"{f}_classify", f, "classify", "classify") for f in FAMILIES],
     # Saved by sentence-transformers' CrossEncoder (modules.json, its activation in its own config file).
     Case("bert_cross", "bert", "cross_encoder", "classify", num_labels=1),
-    *[Case(f"{f}_ner", f, "token_classify", "token_classify") for f in ("bert", "xlmr", "distilbert")],
+    # Decoders too: transformers' GPT2/Qwen2/LlamaForTokenClassification (causal, a head on every token).
+    *[Case(f"{f}_ner", f, "token_classify", "token_classify") for f in FAMILIES],
     Case("qwen2_tokens", "qwen2", "embed", "token_embed", options={"task": "token_embed"}),
     Case("llama_reward", "llama", "causal", "reward", options={"task": "token_classify", "pooling_type": "STEP"}),
     # The real models too, so that both encoder formats are checked on them.
