@@ -450,7 +450,7 @@ def test_a_lost_window_fails_verification(modern_root: Path, tmp_path: Path, mon
     # vLLM's GritLM (bidirectional, MEAN after the instruction) under Mistral's model_type, without its code
     ("foreign_architecture", "names the architecture GritLM, which is neither a transformers class"),
     # transformers' Qwen3 attends causally whatever this says; TEI and vLLM's Voyage model both ways
-    ("bidirectional_flag", 'set "is_causal": false in config.json instead'),
+    ("bidirectional_flag", 'set "is_causal": false in config.json too'),
 ])
 def test_refusals_are_one_paragraph_with_exit_2(modern_root: Path, tmp_path: Path, make: str, message: str) -> None:
     import json

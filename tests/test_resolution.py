@@ -222,6 +222,9 @@ ATTENTION_TABLE = [
     ("Qwen2Model", "qwen2", {"is_causal": False, "sliding_window": 8, "use_sliding_window": False}, False, 0),
     # EmbeddingGemma: Gemma 3's flag halves the window (its config), exclusive bounds
     ("Gemma3TextModel", "gemma3_text", {"sliding_window": 8, "use_bidirectional_attention": True}, False, 5),
+    # both keys: transformers halves the window and then keeps |q - kv| <= 5
+    ("Gemma3TextModel", "gemma3_text", {"sliding_window": 8, "use_bidirectional_attention": True,
+                                        "is_causal": False}, False, 6),
     # the flag means nothing to transformers' Qwen3 (the export refuses it, export.build.check_architecture)
     ("Qwen3Model", "qwen3", {"use_bidirectional_attention": True}, True, 0),
     ("BertModel", "bert", {"is_causal": False}, False, 0),  # encoders are not decoders either way
@@ -233,3 +236,31 @@ def test_attention_follows_what_transformers_reads_from_the_config(tmp_path, arc
                                                                    causal, window) -> None:
     config = resolve(model_dir(tmp_path, architecture, model_type, extra=extra))
     assert (config.causal, config.sliding_window) == (causal, window)
+
+
+# (config.json, refused with): what check_architecture refuses before anything is loaded.
+ARCHITECTURE_CHECKS = [
+    ({"model_type": "mistral", "architectures": ["GritLM"]}, "neither a transformers class"),
+    ({"model_type": "mistral", "architectures": ["GritLM"], "auto_map": {"AutoModel": "x.GritLM"}}, None),
+    ({"model_type": "qwen3", "architectures": ["Qwen3Model"], "use_bidirectional_attention": True},
+     "sets use_bidirectional_attention"),
+    ({"model_type": "gemma2", "architectures": ["Gemma2Model"], "use_bidirectional_attention": True},
+     "sets use_bidirectional_attention"),
+    # what transformers reads for every decoder, beside what TEI and vLLM read
+    ({"model_type": "qwen3", "architectures": ["Qwen3Model"], "use_bidirectional_attention": True,
+      "is_causal": False}, None),
+    ({"model_type": "gemma3_text", "architectures": ["Gemma3TextModel"], "use_bidirectional_attention": True}, None),
+    ({"model_type": "new", "architectures": ["NewModel"]}, None),  # unsupported: check_supported's message
+]
+
+
+@pytest.mark.parametrize(("config", "refusal"), ARCHITECTURE_CHECKS)
+def test_config_keys_transformers_would_not_apply_are_refused(tmp_path, config, refusal) -> None:
+    from pooltriton.export.build import check_architecture
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    if refusal is None:
+        check_architecture(tmp_path)
+    else:
+        with pytest.raises(ResolutionError, match=refusal):
+            check_architecture(tmp_path)

@@ -57,8 +57,6 @@ ENCODERS = ("bert", "xlmr", "distilbert")
 # mistral_bidirectional: a decoder whose config says `is_causal: false` (gte-Qwen2's kind), with a window.
 MODERN = ("roberta", "camembert", "mpnet", "electra", "deberta_v2", "modernbert", "nomic_bert", "gte", "qwen3",
           "mistral", "mistral_bidirectional", "gemma", "gemma2", "gemma3", "gemma3_bidirectional")
-MODERN_ENCODERS = ("roberta", "camembert", "mpnet", "electra", "deberta_v2", "modernbert", "nomic_bert", "gte",
-                   "gemma3_bidirectional", "mistral_bidirectional")
 WINDOW = 8
 # ModernBERT at its real 8,192-token limit (the long-input test; not in the matrix).
 LONG = "modernbert_long"

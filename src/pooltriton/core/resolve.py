@@ -204,7 +204,8 @@ def is_decoder(files: ModelFiles) -> bool:
 
 # Families whose transformers code builds its masks from `use_bidirectional_attention` (EmbeddingGemma's
 # Gemma 3). Gemma 1 and 2 read it only as SDPA's flag, so a padded batch still attends causally there, and
-# Qwen, Llama and Mistral ignore it: export.build.check_supported refuses it on those.
+# Qwen, Llama and Mistral ignore it: export.build.check_architecture refuses it on those (unless the config
+# also says `is_causal: false`, which transformers reads for every decoder).
 BIDIRECTIONAL_FLAG_MODEL_TYPES = frozenset({"gemma3", "gemma3_text"})
 
 
@@ -240,11 +241,11 @@ def sliding_window(hf: dict[str, Any]) -> int:
         return 0
     if layer_types is None and hf.get("use_sliding_window") is False:
         return 0
-    # A bidirectional window of N tokens reaches N // 2 each way (transformers' Gemma 3 config); with
-    # `is_causal: false` transformers keeps |query - key| <= N (create_bidirectional_sliding_window_mask).
-    if bidirectional_by_flag(hf):
-        return int(window) // 2 + 1
-    return int(window) + 1 if bidirectional_by_is_causal(hf) else int(window)
+    # Gemma 3's flag makes its config keep N // 2 + 1 of a window of N (bidirectional, exclusive bounds);
+    # with `is_causal: false` transformers keeps |query - key| <= the config's window
+    # (create_bidirectional_sliding_window_mask), one more than the exclusive bound here.
+    window = int(window) // 2 + 1 if bidirectional_by_flag(hf) else int(window)
+    return window + 1 if bidirectional_by_is_causal(hf) else window
 
 
 def st_pooling_type(pooling: dict[str, Any], splade: bool = False) -> PoolingType | None:

@@ -358,26 +358,38 @@ _ONE_USE_WORDS = {"classify": "a sequence classifier (its own classification hea
 
 def check_architecture(model_dir: Path) -> None:
     """What config.json says that transformers, the reference here, would not do: such a model would be
-    verified against a reference that differs from what its users run, so it is refused, saying why."""
+    verified against a reference that differs from what its users run, so it is refused, saying why.
+    Families that are not supported at all are left to check_supported's message."""
     import transformers
 
     config = json.loads((model_dir / "config.json").read_text()) if (model_dir / "config.json").is_file() else {}
     model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return
     # A name that is no transformers class (vLLM's GritLM, a *Bidirectional* model re-saved without its code)
     # would load as the family's plain model; with auto_map its own code runs (--trust-remote-code).
-    foreign = [name for name in config.get("architectures") or [] if not hasattr(transformers, name)]
+    foreign = [name for name in config.get("architectures") or [] if not _transformers_class(transformers, name)]
     if foreign and not config.get("auto_map"):
         raise ResolutionError(
             f"{model_dir}'s config.json names the architecture {foreign[0]}, which is neither a transformers class "
             f"nor custom code in the folder (auto_map): it would load as transformers' plain {model_type} model, "
-            f"while the code its users run (and vLLM's, where it has one) may attend or pool otherwise; name "
-            f"the transformers class it is in `architectures` if it is one")
-    if config.get("use_bidirectional_attention") and model_type not in BIDIRECTIONAL_FLAG_MODEL_TYPES:
+            f"while the code its users run (and vLLM's, where it has one) may attend or pool otherwise. If it is "
+            f"that plain model, name its transformers class in `architectures`; if it attends both ways, also set "
+            f'"is_causal": false; its pooling comes from its sentence-transformers files or --pooling-type')
+    bidirectional = config.get("use_bidirectional_attention") and config.get("is_causal", True)
+    if bidirectional and model_type not in BIDIRECTIONAL_FLAG_MODEL_TYPES:
         raise ResolutionError(
             f"{model_dir}'s config.json sets use_bidirectional_attention, which transformers' {model_type} does "
             f"not apply (it attends causally, at least in a padded batch) while TEI and vLLM's bidirectional "
             f"models attend both ways: no reference here agrees with either. If the model is bidirectional, set "
-            f'"is_causal": false in config.json instead (transformers\' switch for every decoder) and export again')
+            f'"is_causal": false in config.json too (transformers\' switch for every decoder) and export again')
+
+
+def _transformers_class(transformers: object, name: str) -> bool:
+    try:
+        return hasattr(transformers, name)
+    except Exception:  # a lazy import that fails: not a class this transformers can load
+        return False
 
 
 def check_model_files(model_dir: Path, allow_pickle: bool, trust_remote_code: bool) -> None:
