@@ -258,9 +258,8 @@ ARCHITECTURE_CHECKS = [
 def test_config_keys_transformers_would_not_apply_are_refused(tmp_path, config, refusal) -> None:
     from pooltriton.export.build import check_architecture
 
-    (tmp_path / "config.json").write_text(json.dumps(config))
     if refusal is None:
-        check_architecture(tmp_path)
+        check_architecture(tmp_path, config)
     else:
         with pytest.raises(ResolutionError, match=refusal):
-            check_architecture(tmp_path)
+            check_architecture(tmp_path, config)

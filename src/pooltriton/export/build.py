@@ -223,8 +223,9 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     tokenizer_file = model_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ResolutionError(f"{model_dir} has no tokenizer.json (a fast tokenizer is required)")
-    check_model_files(model_dir, options.allow_pickle, options.trust_remote_code)
-    check_architecture(model_dir)
+    hf = json.loads((model_dir / "config.json").read_text()) if (model_dir / "config.json").is_file() else {}
+    check_model_files(model_dir, hf, options.allow_pickle, options.trust_remote_code)
+    check_architecture(model_dir, hf)
     progress = Progress(6 if options.precision == INT8 else 5)
     progress(f"resolving pooler configuration of {model_dir}")
     config = resolve_options(model_dir, options)
@@ -356,13 +357,12 @@ _ONE_USE_WORDS = {"classify": "a sequence classifier (its own classification hea
                   "embed": "the encoder of a sentence-transformers embedding (its Pooling, task embed)"}
 
 
-def check_architecture(model_dir: Path) -> None:
+def check_architecture(model_dir: Path, config: dict) -> None:
     """What config.json says that transformers, the reference here, would not do: such a model would be
     verified against a reference that differs from what its users run, so it is refused, saying why.
     Families that are not supported at all are left to check_supported's message."""
     import transformers
 
-    config = json.loads((model_dir / "config.json").read_text()) if (model_dir / "config.json").is_file() else {}
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         return
@@ -392,9 +392,8 @@ def _transformers_class(transformers: object, name: str) -> bool:
         return False
 
 
-def check_model_files(model_dir: Path, allow_pickle: bool, trust_remote_code: bool) -> None:
+def check_model_files(model_dir: Path, config: dict, allow_pickle: bool, trust_remote_code: bool) -> None:
     """Safe by default: weights from safetensors only, and no model that brings its own code."""
-    config = json.loads((model_dir / "config.json").read_text()) if (model_dir / "config.json").is_file() else {}
     if config.get("auto_map") and not trust_remote_code:
         raise ResolutionError(f"{model_dir} names custom code in config.json (auto_map), which would run at "
                               "export; pass --trust-remote-code if you trust it")
