@@ -39,11 +39,12 @@ RERANK_TEMPLATE = "query: {query} document: {document} relevant answer"
 # before the difference.
 RERANKERS = [("qwen3_reranker", "qwen3", ("no", "yes")), ("gemma_reranker", "gemma", ("yes",)),
              ("gemma2_reranker", "gemma2", ("no", "yes")), ("qwen2_reranker", "qwen2", ("0", "1"))]
-# sentence-transformers pipelines: every Pooling mode, a Dense after pooling, with and without Normalize,
+# sentence-transformers pipelines: every Pooling mode, a Dense after pooling (one with use_residual and the
+# library's default activation), with and without Normalize,
 # and T5's encoder as sentence-transformers loads it (T5EncoderModel).
 ST_CASES = [("bert", "max", False, True), ("bert", "mean_sqrt_len_tokens", False, True),
             ("bert", "weightedmean", False, True), ("qwen2", "lasttoken", False, True),
-            ("bert", "mean", True, False), ("xlmr", "cls", True, True),
+            ("bert", "mean", "residual", False), ("xlmr", "cls", True, True),
             ("t5", "mean", True, True)]  # sentence-t5 / GTR: T5's encoder, mean, Dense, Normalize
 
 
@@ -58,8 +59,9 @@ def name_of(family: str, head: str) -> str:
     return f"{family}_{head}"
 
 
-def st_name(family: str, mode: str, dense: bool, normalize: bool) -> str:
-    return f"st_{family}_{mode}{'_dense' if dense else ''}{'' if normalize else '_raw'}"
+def st_name(family: str, mode: str, dense: bool | str, normalize: bool) -> str:
+    kind = ("_" + dense if isinstance(dense, str) else "_dense") if dense else ""
+    return f"st_{family}_{mode}{kind}{'' if normalize else '_raw'}"
 
 
 @pytest.fixture(scope="session")
@@ -165,7 +167,7 @@ def test_sentence_transformers_pipelines_served_as_sentence_transformers_encodes
     got = served.embed(TEXTS, model=st_name(*case))
     assert got.shape == expected.shape and np.abs(got - expected).max() <= MAX_ABS, float(np.abs(got - expected).max())
     _family, _mode, dense, normalize = case
-    assert (expected.shape[1] == 24) == dense
+    assert (expected.shape[1] == 24) == bool(dense)
     assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5) == normalize
     # use_activation overrides the model's Normalize (or its absence) either way; the encoder graph
     # normalises per text, so a request asking the opposite of the default gets it too.

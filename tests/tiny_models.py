@@ -258,15 +258,17 @@ def token_id(folder: Path, token: str) -> int:
 PROMPTS = {"query": "query: ", "passage": "document: "}
 
 
-def build_st(root: Path, family: str, pooling_mode: str, dense: bool = False, normalize: bool = True,
+def build_st(root: Path, family: str, pooling_mode: str, dense: bool | str = False, normalize: bool = True,
              prompts: bool = False) -> Path:
     """A sentence-transformers model saved by sentence-transformers itself: the tiny `family` encoder,
-    Pooling(`pooling_mode`), optionally a Dense (32 -> 24, tanh), a Normalize, and prompts (PROMPTS,
-    "query" by default)."""
+    Pooling(`pooling_mode`), optionally a Dense (32 -> 24, tanh; `dense="residual"`: with use_residual, its
+    config then leaving the activation to the library's default, as a hand-written one may), a Normalize,
+    and prompts (PROMPTS, "query" by default)."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
 
-    folder = root / (f"st-{family}-{pooling_mode}-{'dense' if dense else 'plain'}-{'norm' if normalize else 'raw'}"
+    kind = (dense if isinstance(dense, str) else "dense") if dense else "plain"
+    folder = root / (f"st-{family}-{pooling_mode}-{kind}-{'norm' if normalize else 'raw'}"
                      f"{'-prompts' if prompts else ''}")
     if (folder / "modules.json").is_file():
         return folder
@@ -274,11 +276,17 @@ def build_st(root: Path, family: str, pooling_mode: str, dense: bool = False, no
     modules = [transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode)]
     if dense:
         torch.manual_seed(7)
-        modules.append(Dense(transformer.get_embedding_dimension(), 24, activation_function=torch.nn.Tanh()))
+        modules.append(Dense(transformer.get_embedding_dimension(), 24, activation_function=torch.nn.Tanh(),
+                             use_residual=dense == "residual"))
     if normalize:
         modules.append(Normalize())
     SentenceTransformer(modules=modules, device="cpu", prompts=PROMPTS if prompts else None,
                         default_prompt_name="query" if prompts else None).save(str(folder))
+    if dense == "residual":
+        settings_file = folder / "2_Dense" / "config.json"
+        settings = json.loads(settings_file.read_text())
+        assert settings.pop("activation_function") == "torch.nn.modules.activation.Tanh"
+        settings_file.write_text(json.dumps(settings))
     return folder
 
 

@@ -230,11 +230,28 @@ class LMHeadRows(nn.Module):
         return logits[..., 1:] - logits[..., :1] if self.difference else logits
 
 
+class _ResidualDense(nn.Module):
+    """sentence-transformers' Dense with use_residual: activation(linear(x)) + x, through a bias-free
+    projection where the sizes differ."""
+
+    def __init__(self, dense: nn.Module, projection: nn.Module) -> None:
+        super().__init__()
+        self.dense, self.projection = dense, projection
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dense(x) + self.projection(x)
+
+
 def _st_dense(folder: Path, allow_pickle: bool) -> nn.Module:
-    """A sentence-transformers Dense module (linear + activation) from its own folder's files."""
+    """A sentence-transformers Dense module (linear + activation, + input with use_residual) from its own
+    folder's files, with the library's defaults for the keys a config leaves out (Tanh, no residual)."""
     import json
 
     settings = json.loads((folder / "config.json").read_text())
+    for key in ("module_input_name", "module_output_name"):  # a Dense over another feature than the vector
+        if settings.get(key) not in (None, "sentence_embedding"):
+            raise ResolutionError(f"refusing the Dense in {folder}: its {key} is {settings[key]!r}; only a Dense "
+                                  "on the pooled sentence_embedding is supported")
     linear = nn.Linear(settings["in_features"], settings["out_features"], bias=settings.get("bias", True))
     if (folder / "model.safetensors").is_file():
         from safetensors.torch import load_file
@@ -244,13 +261,21 @@ def _st_dense(folder: Path, allow_pickle: bool) -> nn.Module:
         state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
     else:
         raise ResolutionError(f"{folder} has no model.safetensors (pytorch_model.bin needs --allow-pickle)")
-    linear.load_state_dict({key.removeprefix("linear."): value for key, value in state.items()})
-    activation = settings.get("activation_function", "torch.nn.modules.linear.Identity")
-    # Only torch's own activation classes, as sentence-transformers trusts them.
+    linear.load_state_dict({key.removeprefix("linear."): value for key, value in state.items()
+                            if key.startswith("linear.") or "." not in key})
+    # sentence-transformers' default where the key is absent; only torch's own classes, as it trusts them.
+    activation = settings.get("activation_function", "torch.nn.modules.activation.Tanh")
     if not activation.startswith("torch.nn.modules.") or not hasattr(nn, activation.rsplit(".", 1)[-1]):
         raise ResolutionError(f"refusing Dense activation_function {activation!r} in {folder}: only torch.nn "
                               "activation classes are supported")
-    return nn.Sequential(linear, getattr(nn, activation.rsplit(".", 1)[-1])())
+    dense = nn.Sequential(linear, getattr(nn, activation.rsplit(".", 1)[-1])())
+    if not settings.get("use_residual", False):
+        return dense
+    projection: nn.Module = nn.Identity()
+    if settings["in_features"] != settings["out_features"]:
+        projection = nn.Linear(settings["in_features"], settings["out_features"], bias=False)
+        projection.load_state_dict({"weight": state["residual.weight"]})
+    return _ResidualDense(dense, projection)
 
 
 def token_head(path: Path, allow_pickle: bool) -> nn.Linear:
