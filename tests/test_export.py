@@ -709,6 +709,40 @@ def test_a_family_that_overflows_fp16_gets_fp32_from_auto_and_refuses_fp16(tmp_p
         without_fp16_overflow(t5, chosen, "fp16")
 
 
+# (family, head, weights added to its checkpoint, task, refused): weights transformers would drop.
+STRAY_WEIGHTS = [
+    # BERT's relative positions (transformers 5 has none): weights inside a layer that computes without them
+    ("bert", "embed", {"encoder.layer.0.attention.self.distance_embedding.weight": (10, 32)}, "embed", True),
+    ("llama", "embed", {"layers.0.self_attn.q_proj.bias": (32,)}, "embed", True),  # a bias the config turns off
+    # left: layers past num_hidden_layers (cut short on purpose), a pooler the task does not run, a buffer
+    ("bert", "embed", {"encoder.layer.9.attention.output.dense.weight": (3, 3)}, "embed", False),
+    ("xlmr", "classify", {"roberta.pooler.dense.weight": (32, 32)}, "classify", False),
+    ("xlmr", "embed", {"embeddings.token_type_ids": (1, 64)}, "embed", False),
+]
+
+
+@pytest.mark.parametrize(("family", "head", "added", "task", "refused"), STRAY_WEIGHTS,
+                         ids=["relative_positions", "disabled_bias", "cut_layers", "unused_pooler", "old_buffer"])
+def test_checkpoint_weights_the_architecture_drops_are_refused(tmp_path: Path, family: str, head: str, added: dict,
+                                                               task: str, refused: bool) -> None:
+    """transformers drops a checkpoint's weights that its model has no place for, with a log line: inside the
+    layers, that is a model its own code computes otherwise (verification against transformers agrees with
+    the export and cannot tell)."""
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "model"
+    shutil.copytree(build(tmp_path / "models", family, head), model)
+    weights = load_file(model / "model.safetensors")
+    weights.update({key: torch.zeros(shape) for key, shape in added.items()})
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    if not refused:
+        load_encoder(model, resolve(model, task=task))
+        return
+    with pytest.raises(ResolutionError, match=rf"1 weights inside \w+'s layers that it does not compute with "
+                                              rf"\({next(iter(added))}\)"):
+        load_encoder(model, resolve(model, task=task))
+
+
 @pytest.mark.parametrize(("family", "options", "head"), [
     # SPLADE of an embedding checkpoint (no masked-LM head: SparseEncoder would refuse it too)
     ("bert", {"pooling_type": "SPLADE_MAX"}, "BertForMaskedLM"),

@@ -238,6 +238,12 @@ def test_attention_follows_what_transformers_reads_from_the_config(tmp_path, arc
     assert (config.causal, config.sliding_window) == (causal, window)
 
 
+NOMIC = {"model_type": "nomic_bert", "architectures": ["NomicBertModel"], "activation_function": "swiglu",
+         "causal": False, "layer_norm_epsilon": 1e-12, "max_trained_positions": 2048, "mlp_fc1_bias": False,
+         "mlp_fc2_bias": False, "n_embd": 768, "n_head": 12, "n_inner": 3072, "n_layer": 12, "n_positions": 8192,
+         "parallel_block": False, "prenorm": False, "qkv_proj_bias": False, "rotary_emb_base": 1000,
+         "rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False, "rotary_emb_scale_base": None,
+         "rotary_scaling_factor": None, "use_rms_norm": False, "vocab_size": 30528}
 # (config.json, refused with): what check_architecture refuses before anything is loaded.
 ARCHITECTURE_CHECKS = [
     ({"model_type": "mistral", "architectures": ["GritLM"]}, "neither a transformers class"),
@@ -251,6 +257,19 @@ ARCHITECTURE_CHECKS = [
       "is_causal": False}, None),
     ({"model_type": "gemma3_text", "architectures": ["Gemma3TextModel"], "use_bidirectional_attention": True}, None),
     ({"model_type": "new", "architectures": ["NewModel"]}, None),  # unsupported: check_supported's message
+    # nomic-embed-text v1.5's own config.json (its auto_map removed): every key as transformers' port computes
+    (NOMIC, None),
+    ({**NOMIC, "rotary_emb_base": 10000}, r"rotary_emb_base=10000 \(computed with rope_theta=1000.0\)"),
+    ({**NOMIC, "rotary_emb_base": 10000, "rope_parameters": {"rope_type": "default", "rope_theta": 10000}}, None),
+    ({**NOMIC, "n_head": 16}, r"n_head=16 \(computed with num_attention_heads=12\)"),
+    ({**NOMIC, "qkv_proj_bias": True, "use_rms_norm": True}, "use_rms_norm=True .*; qkv_proj_bias=True"),
+    ({**NOMIC, "n_head": 16, "auto_map": {"AutoModel": "nomic.NomicBertModel"}}, None),  # its own code reads it
+    # transformers 5's BERT family has no relative positions: they would be served absolute, weights dropped
+    ({"model_type": "bert", "position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
+    ({"model_type": "xlm-roberta", "position_embedding_type": "absolute"}, None),
+    # Alibaba's own GTE keys that transformers' GteConfig does not read
+    ({"model_type": "gte", "position_embedding_type": "rope", "logn_attention_scale": False}, None),
+    ({"model_type": "gte", "logn_attention_scale": True}, "logn_attention_scale=True"),
 ]
 
 
@@ -263,3 +282,19 @@ def test_config_keys_transformers_would_not_apply_are_refused(tmp_path, config, 
     else:
         with pytest.raises(ResolutionError, match=refusal):
             check_architecture(tmp_path, config)
+
+
+def test_nomic_rotary_scaling_caps_the_length_where_transformers_agrees_with_its_own_code(tmp_path) -> None:
+    """nomic's code rescales rotary positions past max_trained_positions when rotary_scaling_factor is set;
+    transformers' port does not, so such a model is served up to there and no further."""
+    extra = {key: value for key, value in NOMIC.items() if key not in ("model_type", "architectures")}
+    extra["max_position_embeddings"] = None  # nomic's format has n_positions only
+    plain = resolve(model_dir(tmp_path, "NomicBertModel", "nomic_bert", extra=extra, name="plain"))
+    assert (plain.max_length, plain.sources["max_length"]) == (8192, "hf-config")
+    extra["rotary_scaling_factor"] = 2
+    scaled = model_dir(tmp_path, "NomicBertModel", "nomic_bert", extra=extra, name="scaled")
+    config = resolve(scaled)
+    assert (config.max_length, config.sources["max_length"]) == (2048, "hf-config")
+    assert resolve(scaled, max_length=1024).max_length == 1024
+    with pytest.raises(ResolutionError, match="past max_trained_positions"):
+        resolve(scaled, max_length=4096)

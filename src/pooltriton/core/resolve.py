@@ -219,6 +219,51 @@ def bidirectional_by_is_causal(hf: dict[str, Any]) -> bool:
     return not hf.get("is_causal", True)
 
 
+# Keys of a family's original config format that transformers' port of the family does not read, each with
+# what the port computes with: another key of the config (and its default there) or a constant. A config
+# whose value differs was trained by code that computes otherwise, while transformers (the reference here)
+# would load it without a word; export.build.check_architecture refuses it unless its own code comes along.
+_UNREAD_KEYS: dict[str, dict[str, tuple[str | None, Any]]] = {
+    "nomic_bert": {  # nomic's own NomicBertConfig (nomic-embed-text v1/v1.5's config.json) -> transformers'
+        "rotary_emb_base": ("rope_theta", 1000.0), "n_head": ("num_attention_heads", 12),
+        "n_embd": ("hidden_size", 768), "n_inner": ("intermediate_size", 3072), "n_layer": ("num_hidden_layers", 12),
+        "layer_norm_epsilon": ("layer_norm_eps", 1e-12), "activation_function": (None, "swiglu"),
+        "rotary_emb_fraction": (None, 1.0), "rotary_emb_interleaved": (None, False),
+        "rotary_emb_scale_base": (None, None), "use_rms_norm": (None, False),
+        "prenorm": (None, False), "parallel_block": (None, False), "qkv_proj_bias": (None, False),
+        "mlp_fc1_bias": (None, False), "mlp_fc2_bias": (None, False), "causal": (None, False),
+    },
+    "gte": {  # Alibaba's NewConfig (gte-*-v1.5, gte-multilingual) -> transformers' GteConfig
+        "logn_attention_scale": (None, False), "logn_attention_clip1": (None, False),
+        "layer_norm_type": (None, "layer_norm"), "position_embedding_type": (None, "rope"),
+    },
+}
+
+
+def _computed_with(hf: dict[str, Any], key: str, default: Any) -> Any:
+    if key == "rope_theta":  # transformers 5 reads it from rope_parameters, or the legacy top-level key
+        return (hf.get("rope_parameters") or {}).get("rope_theta", hf.get("rope_theta", default))
+    return hf.get(key, default)
+
+
+def unread_config_keys(hf: dict[str, Any]) -> list[str]:
+    """`key=value (computed with ...)` for each key of config.json that would change the model's math but
+    that transformers' implementation of its family does not read. BERT-like families lost their relative
+    position_embedding_type in transformers 5 (its weights are then dropped too)."""
+    model_type = hf.get("model_type", "")
+    unread = []
+    for key, (read_as, default) in _UNREAD_KEYS.get(model_type, {}).items():
+        if key not in hf:
+            continue
+        used = _computed_with(hf, read_as, default) if read_as else default
+        if hf[key] != used:
+            unread.append(f"{key}={hf[key]!r} (computed with {f'{read_as}=' if read_as else ''}{used!r})")
+    positions = hf.get("position_embedding_type")
+    if model_type != "gte" and positions not in (None, "absolute"):
+        unread.append(f"position_embedding_type={positions!r} (computed with 'absolute')")
+    return unread
+
+
 def is_causal(files: ModelFiles) -> bool:
     """A decoder attends causally unless its config says it is bidirectional (EmbeddingGemma's flag, or
     `is_causal: false`)."""
@@ -303,9 +348,15 @@ def resolve_max_length(files: ModelFiles, explicit: int | None = None) -> tuple[
     table holds (less the RoBERTa-family offset); an absurd tokenizer limit (1e30) is ignored.
     tokenizer.json's own truncation settings are ignored on purpose: MiniLM's says 128 while the model
     is used at 256."""
+    # nomic's own code rescales its rotary positions (dynamic NTK) past max_trained_positions where its config
+    # sets rotary_scaling_factor, and transformers' port never does: the two agree up to there only.
+    scaled = files.hf.get("rotary_scaling_factor") and files.hf.get("max_trained_positions")
+    if explicit and scaled and explicit > int(scaled):
+        raise ResolutionError(f"max length {explicit} is past max_trained_positions ({scaled}), where the model's own "
+                              "code rescales rotary positions (rotary_scaling_factor) and transformers does not")
     if explicit:
         return explicit, EXPLICIT
-    limits: list[tuple[int, str]] = []
+    limits: list[tuple[int, str]] = [(int(scaled), HF_CONFIG)] if scaled else []
     if files.st_bert and files.st_bert.get("max_seq_length"):
         limits.append((int(files.st_bert["max_seq_length"]), SENTENCE_TRANSFORMERS))
     tok_max = files.tokenizer_config.get("model_max_length")

@@ -77,6 +77,7 @@ from pooltriton.core.resolve import (
     PoolerConfig,
     ResolutionError,
     resolve,
+    unread_config_keys,
 )
 from pooltriton.core.runtimes import CPU, CUDA, FP16, FP32, INT8, RUNTIMES, TOLERANCES, Runtime
 from pooltriton.core.semantics import PoolingType, Task
@@ -376,6 +377,13 @@ def check_architecture(model_dir: Path, config: dict) -> None:
             f"while the code its users run (and vLLM's, where it has one) may attend or pool otherwise. If it is "
             f"that plain model, name its transformers class in `architectures`; if it attends both ways, also set "
             f'"is_causal": false; its pooling comes from its sentence-transformers files or --pooling-type')
+    unread = [] if config.get("auto_map") else unread_config_keys(config)
+    if unread:  # with auto_map, the model's own code reads them (--trust-remote-code)
+        raise ResolutionError(
+            f"{model_dir}'s config.json sets {'; '.join(unread)}: transformers' {model_type} does not read these "
+            "keys and would compute as each parenthesis says, unlike the code the model was trained with, and no "
+            "verification against transformers could tell. Where a parenthesis names a key, set that key to the "
+            "value; otherwise transformers does not implement this variant (its own code may: auto_map)")
     bidirectional = config.get("use_bidirectional_attention") and config.get("is_causal", True)
     if bidirectional and model_type not in BIDIRECTIONAL_FLAG_MODEL_TYPES:
         raise ResolutionError(

@@ -203,7 +203,37 @@ def _complete(auto: Any, model_dir: str | Path, load: dict[str, Any]) -> nn.Modu
             "noise. " + ("The weights do not match the architecture config.json names" if bare else
                          "The folder does not carry the head this task needs: export it for the task it was "
                          "trained for (--task, --pooling-type)"))
+    stray = _stray_weights(network, info.get("unexpected_keys", ()))
+    if stray:
+        shown = ", ".join(stray[:3]) + (", ..." if len(stray) > 3 else "")
+        raise ResolutionError(
+            f"{model_dir}: the checkpoint has {len(stray)} weights inside {type(network).__name__}'s layers that it "
+            f"does not compute with ({shown}); transformers would drop them, but the code that trained them (an "
+            "option of config.json this transformers no longer reads, or custom code) computes with them, and "
+            "every answer would differ from the model's own")
     return network
+
+
+def _stray_weights(network: nn.Module, unexpected: Any) -> list[str]:
+    """Checkpoint weights that fall inside a module the network runs which has no such weight (BERT's
+    relative-position distance_embedding, a bias the config turns off). Heads the task does not use lie
+    outside the network or directly under its base model (classifier, pooler, lm_head), and layers past the
+    config's num_hidden_layers (a model cut short on purpose) under its layer list: those are left."""
+    modules = dict(network.named_modules())
+    base = getattr(network, "base_model", network)
+    prefix = getattr(network, "base_model_prefix", "")
+    stray = []
+    for key in unexpected:
+        parts = key.split(".")
+        if parts[0] == prefix and prefix not in modules:
+            parts = parts[1:]
+        if parts[-1] not in ("weight", "bias"):  # a buffer an older transformers saved (token_type_ids)
+            continue
+        ancestors = (".".join(parts[:end]) for end in range(len(parts) - 1, 0, -1))
+        inside = next((modules[name] for name in ancestors if name in modules), network)
+        if inside not in (network, base) and not isinstance(inside, nn.ModuleList):
+            stray.append(key)
+    return sorted(stray)
 
 
 class LMHeadRows(nn.Module):
