@@ -709,22 +709,25 @@ def test_a_family_that_overflows_fp16_gets_fp32_from_auto_and_refuses_fp16(tmp_p
         without_fp16_overflow(t5, chosen, "fp16")
 
 
-# (family, head, weights added to its checkpoint, task, refused): weights transformers would drop.
+# (family, head, weights added to its checkpoint, resolve's options, refused): weights transformers would drop.
 STRAY_WEIGHTS = [
     # BERT's relative positions (transformers 5 has none): weights inside a layer that computes without them
-    ("bert", "embed", {"encoder.layer.0.attention.self.distance_embedding.weight": (10, 32)}, "embed", True),
-    ("llama", "embed", {"layers.0.self_attn.q_proj.bias": (32,)}, "embed", True),  # a bias the config turns off
-    # left: layers past num_hidden_layers (cut short on purpose), a pooler the task does not run, a buffer
-    ("bert", "embed", {"encoder.layer.9.attention.output.dense.weight": (3, 3)}, "embed", False),
-    ("xlmr", "classify", {"roberta.pooler.dense.weight": (32, 32)}, "classify", False),
-    ("xlmr", "embed", {"embeddings.token_type_ids": (1, 64)}, "embed", False),
+    ("bert", "embed", {"encoder.layer.0.attention.self.distance_embedding.weight": (10, 32)}, {}, True),
+    ("llama", "embed", {"layers.0.self_attn.q_proj.bias": (32,)}, {}, True),  # a bias the config turns off
+    # left: layers past num_hidden_layers (cut short on purpose), a pooler the task does not run, a buffer,
+    # the next-sentence head beside the masked-LM head SPLADE reads (bert-base-uncased's pre-training save)
+    ("bert", "embed", {"encoder.layer.9.attention.output.dense.weight": (3, 3)}, {}, False),
+    ("xlmr", "classify", {"roberta.pooler.dense.weight": (32, 32)}, {"task": "classify"}, False),
+    ("xlmr", "embed", {"embeddings.token_type_ids": (1, 64)}, {}, False),
+    ("bert", "masked_lm", {"cls.seq_relationship.weight": (2, 32)}, {"pooling_type": "SPLADE_MAX"}, False),
 ]
 
 
-@pytest.mark.parametrize(("family", "head", "added", "task", "refused"), STRAY_WEIGHTS,
-                         ids=["relative_positions", "disabled_bias", "cut_layers", "unused_pooler", "old_buffer"])
+@pytest.mark.parametrize(("family", "head", "added", "options", "refused"), STRAY_WEIGHTS,
+                         ids=["relative_positions", "disabled_bias", "cut_layers", "unused_pooler", "old_buffer",
+                              "next_sentence_head"])
 def test_checkpoint_weights_the_architecture_drops_are_refused(tmp_path: Path, family: str, head: str, added: dict,
-                                                               task: str, refused: bool) -> None:
+                                                               options: dict, refused: bool) -> None:
     """transformers drops a checkpoint's weights that its model has no place for, with a log line: inside the
     layers, that is a model its own code computes otherwise (verification against transformers agrees with
     the export and cannot tell)."""
@@ -736,11 +739,45 @@ def test_checkpoint_weights_the_architecture_drops_are_refused(tmp_path: Path, f
     weights.update({key: torch.zeros(shape) for key, shape in added.items()})
     save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
     if not refused:
-        load_encoder(model, resolve(model, task=task))
+        load_encoder(model, resolve(model, **options))
         return
     with pytest.raises(ResolutionError, match=rf"1 weights inside \w+'s layers that it does not compute with "
                                               rf"\({next(iter(added))}\)"):
-        load_encoder(model, resolve(model, task=task))
+        load_encoder(model, resolve(model, **options))
+
+
+# (Dense keyword arguments, config.json keys removed): sentence-transformers' Dense variants.
+DENSE_VARIANTS = [
+    ({"activation_function": torch.nn.Tanh()}, ("activation_function",)),  # the library's default activation
+    ({"activation_function": torch.nn.PReLU()}, ()),  # an activation with a weight of its own
+    ({"activation_function": torch.nn.GELU(), "use_residual": True}, ()),  # 32 -> 24: projected residual
+    ({"activation_function": torch.nn.Identity(), "use_residual": True, "bias": False, "out_features": 32}, ()),
+]
+
+
+@pytest.mark.parametrize(("options", "removed"), DENSE_VARIANTS, ids=["default_tanh", "prelu", "residual_projected",
+                                                                      "residual_identity"])
+def test_a_dense_module_computes_as_sentence_transformers_loads_it(tmp_path: Path, options: dict,
+                                                                   removed: tuple) -> None:
+    from sentence_transformers.sentence_transformer.modules import Dense
+
+    from pooltriton.export.encoder import _st_dense
+
+    torch.manual_seed(3)
+    arguments = {"in_features": 32, "out_features": 24, **options}
+    Dense(**arguments).save(str(tmp_path))
+    settings = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in settings.items() if k not in removed}))
+    reference = Dense.load(str(tmp_path))
+    vectors = torch.randn(5, 32)
+    with torch.no_grad():
+        expected = reference({"sentence_embedding": vectors})["sentence_embedding"]
+        got = _st_dense(tmp_path, allow_pickle=False)(vectors)
+    assert torch.allclose(got, expected, atol=1e-6), float((got - expected).abs().max())
+    settings["module_input_name"] = "token_embeddings"  # a Dense over each token, not the pooled vector
+    (tmp_path / "config.json").write_text(json.dumps(settings))
+    with pytest.raises(ResolutionError, match="only a Dense on the pooled sentence_embedding"):
+        _st_dense(tmp_path, allow_pickle=False)
 
 
 @pytest.mark.parametrize(("family", "options", "head"), [

@@ -263,6 +263,9 @@ ARCHITECTURE_CHECKS = [
     ({**NOMIC, "rotary_emb_base": 10000, "rope_parameters": {"rope_type": "default", "rope_theta": 10000}}, None),
     ({**NOMIC, "n_head": 16}, r"n_head=16 \(computed with num_attention_heads=12\)"),
     ({**NOMIC, "qkv_proj_bias": True, "use_rms_norm": True}, "use_rms_norm=True .*; qkv_proj_bias=True"),
+    # nomic's gated MLP is transformers' hidden_act gating: GeGLU is hidden_act gelu there
+    ({**NOMIC, "activation_function": "geglu"}, r"activation_function='geglu' \(computed with hidden_act='silu'\)"),
+    ({**NOMIC, "activation_function": "geglu", "hidden_act": "gelu"}, None),
     ({**NOMIC, "n_head": 16, "auto_map": {"AutoModel": "nomic.NomicBertModel"}}, None),  # its own code reads it
     # transformers 5's BERT family has no relative positions: they would be served absolute, weights dropped
     ({"model_type": "bert", "position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
@@ -298,3 +301,6 @@ def test_nomic_rotary_scaling_caps_the_length_where_transformers_agrees_with_its
     assert resolve(scaled, max_length=1024).max_length == 1024
     with pytest.raises(ResolutionError, match="past max_trained_positions"):
         resolve(scaled, max_length=4096)
+    extra["auto_map"] = {"AutoModel": "modeling.NomicBertModel"}  # its own code scales, and is the reference
+    own = resolve(model_dir(tmp_path, "NomicBertModel", "nomic_bert", extra=extra, name="own"))
+    assert own.max_length == 8192

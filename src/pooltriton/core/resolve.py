@@ -227,17 +227,23 @@ _UNREAD_KEYS: dict[str, dict[str, tuple[str | None, Any]]] = {
     "nomic_bert": {  # nomic's own NomicBertConfig (nomic-embed-text v1/v1.5's config.json) -> transformers'
         "rotary_emb_base": ("rope_theta", 1000.0), "n_head": ("num_attention_heads", 12),
         "n_embd": ("hidden_size", 768), "n_inner": ("intermediate_size", 3072), "n_layer": ("num_hidden_layers", 12),
-        "layer_norm_epsilon": ("layer_norm_eps", 1e-12), "activation_function": (None, "swiglu"),
+        "layer_norm_epsilon": ("layer_norm_eps", 1e-12), "activation_function": ("hidden_act", "silu"),
         "rotary_emb_fraction": (None, 1.0), "rotary_emb_interleaved": (None, False),
         "rotary_emb_scale_base": (None, None), "use_rms_norm": (None, False),
         "prenorm": (None, False), "parallel_block": (None, False), "qkv_proj_bias": (None, False),
         "mlp_fc1_bias": (None, False), "mlp_fc2_bias": (None, False), "causal": (None, False),
     },
-    "gte": {  # Alibaba's NewConfig (gte-*-v1.5, gte-multilingual) -> transformers' GteConfig
+    # Alibaba's NewConfig keys (gte-*-v1.5, gte-multilingual) -> transformers' GteConfig, in a config that says
+    # model_type gte (Alibaba's own say `new` and are refused as unsupported)
+    "gte": {
         "logn_attention_scale": (None, False), "logn_attention_clip1": (None, False),
         "layer_norm_type": (None, "layer_norm"), "position_embedding_type": (None, "rope"),
     },
 }
+
+
+# nomic's gated MLP names (activation_function) as transformers' NomicBERT runs them: hidden_act gating.
+_NOMIC_GATES = {"swiglu": "silu", "geglu": "gelu", "glu": "sigmoid"}
 
 
 def _computed_with(hf: dict[str, Any], key: str, default: Any) -> Any:
@@ -256,7 +262,8 @@ def unread_config_keys(hf: dict[str, Any]) -> list[str]:
         if key not in hf:
             continue
         used = _computed_with(hf, read_as, default) if read_as else default
-        if hf[key] != used:
+        value = _NOMIC_GATES.get(hf[key], f"{hf[key]} (ungated)") if key == "activation_function" else hf[key]
+        if value != used:
             unread.append(f"{key}={hf[key]!r} (computed with {f'{read_as}=' if read_as else ''}{used!r})")
     positions = hf.get("position_embedding_type")
     if model_type != "gte" and positions not in (None, "absolute"):
@@ -350,7 +357,9 @@ def resolve_max_length(files: ModelFiles, explicit: int | None = None) -> tuple[
     is used at 256."""
     # nomic's own code rescales its rotary positions (dynamic NTK) past max_trained_positions where its config
     # sets rotary_scaling_factor, and transformers' port never does: the two agree up to there only.
-    scaled = files.hf.get("rotary_scaling_factor") and files.hf.get("max_trained_positions")
+    # (With auto_map its own code runs and is the reference: nothing to cap.)
+    scaled = (files.hf.get("rotary_scaling_factor") and not files.hf.get("auto_map")
+              and files.hf.get("max_trained_positions", 2048))
     if explicit and scaled and explicit > int(scaled):
         raise ResolutionError(f"max length {explicit} is past max_trained_positions ({scaled}), where the model's own "
                               "code rescales rotary positions (rotary_scaling_factor) and transformers does not")

@@ -382,8 +382,8 @@ def check_architecture(model_dir: Path, config: dict) -> None:
         raise ResolutionError(
             f"{model_dir}'s config.json sets {'; '.join(unread)}: transformers' {model_type} does not read these "
             "keys and would compute as each parenthesis says, unlike the code the model was trained with, and no "
-            "verification against transformers could tell. Where a parenthesis names a key, set that key to the "
-            "value; otherwise transformers does not implement this variant (its own code may: auto_map)")
+            "verification against transformers could tell. Where a parenthesis names a key, set that key to match "
+            "(gelu for geglu); otherwise transformers does not implement this variant (its own code may: auto_map)")
     bidirectional = config.get("use_bidirectional_attention") and config.get("is_causal", True)
     if bidirectional and model_type not in BIDIRECTIONAL_FLAG_MODEL_TYPES:
         raise ResolutionError(

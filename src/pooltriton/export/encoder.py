@@ -215,23 +215,26 @@ def _complete(auto: Any, model_dir: str | Path, load: dict[str, Any]) -> nn.Modu
 
 
 def _stray_weights(network: nn.Module, unexpected: Any) -> list[str]:
-    """Checkpoint weights that fall inside a module the network runs which has no such weight (BERT's
-    relative-position distance_embedding, a bias the config turns off). Heads the task does not use lie
-    outside the network or directly under its base model (classifier, pooler, lm_head), and layers past the
-    config's num_hidden_layers (a model cut short on purpose) under its layer list: those are left."""
+    """Checkpoint weights the network has no place for, where it runs: a module that lacks that weight (a
+    bias the config turns off), or a part of one of its layers (BERT's relative-position
+    distance_embedding). Heads the task does not use (classifier, pooler, lm_head, BERT's next-sentence
+    head beside its masked-LM one) and layers past the config's num_hidden_layers (a model cut short on
+    purpose) are left, as are buffers an older transformers saved."""
     modules = dict(network.named_modules())
     base = getattr(network, "base_model", network)
     prefix = getattr(network, "base_model_prefix", "")
+    layers = {f"{name}.{index}" for name, module in modules.items() if isinstance(module, nn.ModuleList)
+              for index in range(len(module))}
     stray = []
     for key in unexpected:
         parts = key.split(".")
         if parts[0] == prefix and prefix not in modules:
             parts = parts[1:]
-        if parts[-1] not in ("weight", "bias"):  # a buffer an older transformers saved (token_type_ids)
+        if parts[-1] not in ("weight", "bias"):  # a buffer (token_type_ids, masked_bias)
             continue
-        ancestors = (".".join(parts[:end]) for end in range(len(parts) - 1, 0, -1))
-        inside = next((modules[name] for name in ancestors if name in modules), network)
-        if inside not in (network, base) and not isinstance(inside, nn.ModuleList):
+        parent = modules.get(".".join(parts[:-1]))
+        in_layer = any(".".join(parts[:end]) in layers for end in range(1, len(parts)))
+        if (parent is not None and parent not in (network, base)) or in_layer:
             stray.append(key)
     return sorted(stray)
 
@@ -260,21 +263,30 @@ class LMHeadRows(nn.Module):
         return logits[..., 1:] - logits[..., :1] if self.difference else logits
 
 
-class _ResidualDense(nn.Module):
-    """sentence-transformers' Dense with use_residual: activation(linear(x)) + x, through a bias-free
-    projection where the sizes differ."""
+class _Dense(nn.Module):
+    """sentence-transformers' Dense laid out as the library lays it out (linear, activation_function,
+    residual), so that its weights load strictly, an activation's own (PReLU's) included:
+    activation(linear(x)), plus x with use_residual, through a bias-free projection where sizes differ."""
 
-    def __init__(self, dense: nn.Module, projection: nn.Module) -> None:
+    def __init__(self, settings: dict[str, Any], activation: nn.Module) -> None:
         super().__init__()
-        self.dense, self.projection = dense, projection
+        sizes = settings["in_features"], settings["out_features"]
+        self.linear = nn.Linear(*sizes, bias=settings.get("bias", True))
+        self.activation_function = activation
+        self.use_residual = bool(settings.get("use_residual", False))
+        if self.use_residual and sizes[0] != sizes[1]:
+            self.residual = nn.Linear(*sizes, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dense(x) + self.projection(x)
+        out = self.activation_function(self.linear(x))
+        if self.use_residual:
+            out = out + (self.residual(x) if hasattr(self, "residual") else x)
+        return out
 
 
 def _st_dense(folder: Path, allow_pickle: bool) -> nn.Module:
-    """A sentence-transformers Dense module (linear + activation, + input with use_residual) from its own
-    folder's files, with the library's defaults for the keys a config leaves out (Tanh, no residual)."""
+    """A sentence-transformers Dense module from its own folder's files, with the library's defaults for the
+    keys a config leaves out (Tanh, no residual) and its strict load (a weight it has no place for fails)."""
     import json
 
     settings = json.loads((folder / "config.json").read_text())
@@ -282,7 +294,13 @@ def _st_dense(folder: Path, allow_pickle: bool) -> nn.Module:
         if settings.get(key) not in (None, "sentence_embedding"):
             raise ResolutionError(f"refusing the Dense in {folder}: its {key} is {settings[key]!r}; only a Dense "
                                   "on the pooled sentence_embedding is supported")
-    linear = nn.Linear(settings["in_features"], settings["out_features"], bias=settings.get("bias", True))
+    # sentence-transformers' default where the key is absent; only torch's own classes, as it trusts them.
+    activation = settings.get("activation_function", "torch.nn.modules.activation.Tanh")
+    if (not isinstance(activation, str) or not activation.startswith("torch.nn.modules.")
+            or not hasattr(nn, activation.rsplit(".", 1)[-1])):
+        raise ResolutionError(f"refusing Dense activation_function {activation!r} in {folder}: only torch.nn "
+                              "activation classes are supported")
+    dense = _Dense(settings, getattr(nn, activation.rsplit(".", 1)[-1])())
     if (folder / "model.safetensors").is_file():
         from safetensors.torch import load_file
 
@@ -291,21 +309,12 @@ def _st_dense(folder: Path, allow_pickle: bool) -> nn.Module:
         state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
     else:
         raise ResolutionError(f"{folder} has no model.safetensors (pytorch_model.bin needs --allow-pickle)")
-    linear.load_state_dict({key.removeprefix("linear."): value for key, value in state.items()
-                            if key.startswith("linear.") or "." not in key})
-    # sentence-transformers' default where the key is absent; only torch's own classes, as it trusts them.
-    activation = settings.get("activation_function", "torch.nn.modules.activation.Tanh")
-    if not activation.startswith("torch.nn.modules.") or not hasattr(nn, activation.rsplit(".", 1)[-1]):
-        raise ResolutionError(f"refusing Dense activation_function {activation!r} in {folder}: only torch.nn "
-                              "activation classes are supported")
-    dense = nn.Sequential(linear, getattr(nn, activation.rsplit(".", 1)[-1])())
-    if not settings.get("use_residual", False):
-        return dense
-    projection: nn.Module = nn.Identity()
-    if settings["in_features"] != settings["out_features"]:
-        projection = nn.Linear(settings["in_features"], settings["out_features"], bias=False)
-        projection.load_state_dict({"weight": state["residual.weight"]})
-    return _ResidualDense(dense, projection)
+    try:
+        dense.load_state_dict(state)
+    except RuntimeError as error:
+        raise ResolutionError(f"the Dense weights in {folder} do not match its config.json: "
+                              f"{str(error).strip().splitlines()[-1].strip()}") from error
+    return dense
 
 
 def token_head(path: Path, allow_pickle: bool) -> nn.Linear:
