@@ -746,19 +746,20 @@ def test_checkpoint_weights_the_architecture_drops_are_refused(tmp_path: Path, f
         load_encoder(model, resolve(model, **options))
 
 
-# (Dense keyword arguments, config.json keys removed): sentence-transformers' Dense variants.
+# (Dense keyword arguments, config.json changes: None removes the key): sentence-transformers' Dense variants.
 DENSE_VARIANTS = [
-    ({"activation_function": torch.nn.Tanh()}, ("activation_function",)),  # the library's default activation
-    ({"activation_function": torch.nn.PReLU()}, ()),  # an activation with a weight of its own
-    ({"activation_function": torch.nn.GELU(), "use_residual": True}, ()),  # 32 -> 24: projected residual
-    ({"activation_function": torch.nn.Identity(), "use_residual": True, "bias": False, "out_features": 32}, ()),
+    ({"activation_function": torch.nn.Tanh()}, {"activation_function": None}),  # the library's default
+    ({"activation_function": torch.nn.PReLU()}, {}),  # an activation with a weight of its own
+    ({"activation_function": torch.nn.GELU(), "use_residual": True}, {}),  # 32 -> 24: projected residual
+    ({"activation_function": torch.nn.Identity(), "use_residual": True, "bias": False, "out_features": 32}, {}),
+    ({"activation_function": torch.nn.ReLU()}, {"activation_function": "torch.nn.ReLU"}),  # as written by hand
 ]
 
 
-@pytest.mark.parametrize(("options", "removed"), DENSE_VARIANTS, ids=["default_tanh", "prelu", "residual_projected",
-                                                                      "residual_identity"])
+@pytest.mark.parametrize(("options", "changes"), DENSE_VARIANTS, ids=["default_tanh", "prelu", "residual_projected",
+                                                                      "residual_identity", "short_activation_path"])
 def test_a_dense_module_computes_as_sentence_transformers_loads_it(tmp_path: Path, options: dict,
-                                                                   removed: tuple) -> None:
+                                                                   changes: dict) -> None:
     from sentence_transformers.sentence_transformer.modules import Dense
 
     from pooltriton.export.encoder import _st_dense
@@ -766,8 +767,8 @@ def test_a_dense_module_computes_as_sentence_transformers_loads_it(tmp_path: Pat
     torch.manual_seed(3)
     arguments = {"in_features": 32, "out_features": 24, **options}
     Dense(**arguments).save(str(tmp_path))
-    settings = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in settings.items() if k not in removed}))
+    settings = {**json.loads((tmp_path / "config.json").read_text()), **changes}
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in settings.items() if v is not None}))
     reference = Dense.load(str(tmp_path))
     vectors = torch.randn(5, 32)
     with torch.no_grad():

@@ -273,7 +273,31 @@ ARCHITECTURE_CHECKS = [
     # Alibaba's own GTE keys that transformers' GteConfig does not read
     ({"model_type": "gte", "position_embedding_type": "rope", "logn_attention_scale": False}, None),
     ({"model_type": "gte", "logn_attention_scale": True}, "logn_attention_scale=True"),
+    ({"model_type": "gte", "rope_theta": 160000, "rope_scaling": {"type": "ntk", "factor": 2.0}},
+     "transformers has no 'ntk' rope; the same frequencies are rope_parameters"),
 ]
+
+
+def test_the_rope_offered_for_alibabas_fixed_ntk_has_its_frequencies() -> None:
+    """Alibaba's NTKScalingRotaryEmbedding (mixed_b unset) computes with a base of theta x factor and divides
+    every frequency by factor^(2/d); the refusal offers that as transformers' linear scaling."""
+    import ast
+
+    import torch
+    from transformers import GteConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from pooltriton.core.resolve import unread_config_keys
+
+    theta, factor, hidden, heads = 160000.0, 2.0, 768, 12
+    (refusal,) = unread_config_keys({"model_type": "gte", "rope_theta": theta, "hidden_size": hidden,
+                                     "num_attention_heads": heads, "rope_scaling": {"type": "ntk", "factor": factor}})
+    offered = ast.literal_eval(refusal[refusal.index("rope_parameters ") + len("rope_parameters "):-1])
+    dim = hidden // heads
+    alibaba = 1.0 / (theta * factor) ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim) / factor ** (2 / dim)
+    config = GteConfig(hidden_size=hidden, num_attention_heads=heads, rope_parameters=offered)
+    frequencies, scale = ROPE_INIT_FUNCTIONS[offered["rope_type"]](config, "cpu")
+    assert scale == 1.0 and torch.allclose(frequencies.double(), alibaba, rtol=1e-6)
 
 
 @pytest.mark.parametrize(("config", "refusal"), ARCHITECTURE_CHECKS)

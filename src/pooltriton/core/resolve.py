@@ -252,6 +252,18 @@ def _computed_with(hf: dict[str, Any], key: str, default: Any) -> Any:
     return hf.get(key, default)
 
 
+def _gte_ntk(hf: dict[str, Any], scaling: dict[str, Any]) -> str:
+    """Alibaba's fixed NTK rope (base x factor, frequencies / factor^(2/d)) in the terms transformers reads:
+    its linear scaling of factor^(2/d) on a theta of base x factor, the same frequencies exactly."""
+    if scaling.get("mixed_b") or not scaling.get("factor"):
+        return "transformers has no 'ntk' rope, nor an equivalent of this one"
+    factor = float(scaling["factor"])
+    dim = int(hf.get("head_dim") or hf.get("hidden_size", 768) // hf.get("num_attention_heads", 12))
+    theta = float(scaling.get("rope_theta", hf.get("rope_theta", 160000.0)))
+    return (f"transformers has no 'ntk' rope; the same frequencies are rope_parameters {{'rope_type': 'linear', "
+            f"'factor': {factor ** (2 / dim)!r}, 'rope_theta': {theta * factor!r}}}")
+
+
 def unread_config_keys(hf: dict[str, Any]) -> list[str]:
     """`key=value (computed with ...)` for each key of config.json that would change the model's math but
     that transformers' implementation of its family does not read. BERT-like families lost their relative
@@ -265,6 +277,9 @@ def unread_config_keys(hf: dict[str, Any]) -> list[str]:
         value = _NOMIC_GATES.get(hf[key], f"{hf[key]} (ungated)") if key == "activation_function" else hf[key]
         if value != used:
             unread.append(f"{key}={hf[key]!r} (computed with {f'{read_as}=' if read_as else ''}{used!r})")
+    scaling = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if model_type == "gte" and scaling.get("rope_type", scaling.get("type")) == "ntk":
+        unread.append(f"rope scaling {scaling!r} ({_gte_ntk(hf, scaling)})")
     positions = hf.get("position_embedding_type")
     if model_type != "gte" and positions not in (None, "absolute"):
         unread.append(f"position_embedding_type={positions!r} (computed with 'absolute')")

@@ -294,13 +294,14 @@ def _st_dense(folder: Path, allow_pickle: bool) -> nn.Module:
         if settings.get(key) not in (None, "sentence_embedding"):
             raise ResolutionError(f"refusing the Dense in {folder}: its {key} is {settings[key]!r}; only a Dense "
                                   "on the pooled sentence_embedding is supported")
-    # sentence-transformers' default where the key is absent; only torch's own classes, as it trusts them.
+    # sentence-transformers' default where the key is absent; only torch's own classes, as it trusts them
+    # (torch.nn.modules.activation.Tanh as it saves them, or torch.nn.Tanh as a hand-written config may).
     activation = settings.get("activation_function", "torch.nn.modules.activation.Tanh")
-    if (not isinstance(activation, str) or not activation.startswith("torch.nn.modules.")
-            or not hasattr(nn, activation.rsplit(".", 1)[-1])):
+    kind = getattr(nn, activation.rsplit(".", 1)[-1], None) if isinstance(activation, str) else None
+    if not (isinstance(kind, type) and issubclass(kind, nn.Module) and activation.startswith("torch.nn.")):
         raise ResolutionError(f"refusing Dense activation_function {activation!r} in {folder}: only torch.nn "
                               "activation classes are supported")
-    dense = _Dense(settings, getattr(nn, activation.rsplit(".", 1)[-1])())
+    dense = _Dense(settings, kind())
     if (folder / "model.safetensors").is_file():
         from safetensors.torch import load_file
 
