@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from alibaba_gte import alibaba_gte, alibaba_gte_logits, build_alibaba_gte
 from tiny_models import MODERN, WINDOW, build, build_m3, build_sparse, build_st
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
@@ -84,6 +85,10 @@ def served(request, modern_root: Path, tmp_path_factory: pytest.TempPathFactory)
     jobs = [(build(modern_root, family, head), ExportOptions(name=name_of(family, head), out=repository,
                                                              runtime=runtime, tokenizer_instances=1))
             for family, head in CASES]
+    # Alibaba's own GTE (model_type `new`), read as transformers' gte.
+    jobs += [(build_alibaba_gte(modern_root, head), ExportOptions(name=f"alibaba_gte_{head}", out=repository,
+                                                                  runtime=runtime, tokenizer_instances=1))
+             for head in ("embed", "classify")]
     # SPLADE, saved by SparseEncoder: its max on one server, its sum on the other.
     jobs.append((build_sparse(modern_root, "bert", SPLADE[runtime]), ExportOptions(
         name="splade", out=repository, runtime=runtime, tokenizer_instances=1)))
@@ -420,6 +425,62 @@ def test_a_classifier_classifies_pairs_as_transformers_does(served, modern_root:
     assert all([a["score"] for a in answer] == sorted((a["score"] for a in answer), reverse=True)
                for answer in predicted.json())
     assert np.abs(scores - np.vstack([expected, alone[:1]])).max() <= MAX_ABS
+
+
+def _alibaba_ids(folder: Path, texts: list[str], pairs: list[str] | None = None) -> list[list[int]]:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_padding()
+    return [tokenizer.encode(*texts_).ids for texts_ in zip(texts, pairs or [None] * len(texts))]
+
+
+def test_alibabas_own_gte_loads_as_transformers_gte_computing_as_their_code(modern_root: Path) -> None:
+    """A `new` config read as transformers' gte (export.view), against their model's math written from their
+    code (tests/alibaba_gte.py): the packed projections, the gate's half, the fixed NTK rope, the pooler."""
+    from pooltriton.export.view import transformers_view
+
+    for head, loader in (("embed", AutoModel), ("classify", AutoModelForSequenceClassification)):
+        folder = build_alibaba_gte(modern_root, head)
+        resolved = resolve(folder)  # `pooltriton inspect`: the config files alone, read the same way
+        assert (resolved.model_type, resolved.pooling_type.value) == ("gte", "CLS")
+        with transformers_view(folder) as view:
+            assert view != folder and json_of(folder)["model_type"] == "new" and json_of(view)["model_type"] == "gte"
+            model = loader.from_pretrained(view).eval()
+        assert not view.exists()
+        for ids in _alibaba_ids(folder, TEXTS[:6]):
+            with torch.no_grad():
+                output = model(input_ids=torch.tensor([ids]))
+            if head == "embed":
+                expected = alibaba_gte(folder, ids)
+                assert (output.last_hidden_state[0].double() - expected).abs().max() <= 1e-4 * expected.abs().max()
+                assert (alibaba_gte(folder, ids, ntk=False) - expected).abs().max() > 0.1  # the NTK rope matters
+            else:
+                expected = alibaba_gte_logits(folder, ids)
+                assert (output.logits[0].double() - expected).abs().max() <= 1e-4 * (1 + expected.abs().max())
+
+
+def json_of(folder: Path) -> dict:
+    import json
+
+    return json.loads((folder / "config.json").read_text())
+
+
+def test_alibabas_own_gte_is_served_as_their_code_computes(served, modern_root: Path) -> None:
+    """gte-base-en-v1.5's kind through its sentence-transformers files (CLS, Normalize); the reranker's kind
+    on (query, document) pairs, its one label through a sigmoid; both against their code's math."""
+    folder = build_alibaba_gte(modern_root, "embed")
+    expected = normalize(np.stack([alibaba_gte(folder, ids)[0].numpy() for ids in _alibaba_ids(folder, TEXTS)]))
+    got = served.embed(TEXTS, model="alibaba_gte_embed")
+    assert got.shape == expected.shape and np.abs(got - expected).max() <= MAX_ABS, float(np.abs(got - expected).max())
+    folder = build_alibaba_gte(modern_root, "classify")
+    queries = TEXTS[:6]
+    documents = [f"this text is about {word}" for word in ("food", "a dog", "night", "music", "one", "bread")]
+    logits = np.stack([alibaba_gte_logits(folder, ids).numpy() for ids in _alibaba_ids(folder, queries, documents)])
+    got = served.classify(queries, model="alibaba_gte_classify", pairs=documents).probabilities
+    expected = 1 / (1 + np.exp(-logits))
+    assert got.shape == expected.shape and np.abs(got - expected).max() <= MAX_ABS, float(np.abs(got - expected).max())
+    assert np.abs(expected - 0.5).max() > 0.1  # not a flat sigmoid
 
 
 def test_the_texts_are_longer_than_every_window(modern_root: Path) -> None:

@@ -256,7 +256,7 @@ ARCHITECTURE_CHECKS = [
     ({"model_type": "qwen3", "architectures": ["Qwen3Model"], "use_bidirectional_attention": True,
       "is_causal": False}, None),
     ({"model_type": "gemma3_text", "architectures": ["Gemma3TextModel"], "use_bidirectional_attention": True}, None),
-    ({"model_type": "new", "architectures": ["NewModel"]}, None),  # unsupported: check_supported's message
+    ({"model_type": "falcon", "architectures": ["FalconModel"]}, None),  # unsupported: check_supported's message
     # nomic-embed-text v1.5's own config.json (its auto_map removed): every key as transformers' port computes
     (NOMIC, None),
     ({**NOMIC, "rotary_emb_base": 10000}, r"rotary_emb_base=10000 \(computed with rope_theta=1000.0\)"),
@@ -276,6 +276,57 @@ ARCHITECTURE_CHECKS = [
     ({"model_type": "gte", "rope_theta": 160000, "rope_scaling": {"type": "ntk", "factor": 2.0}},
      "transformers has no 'ntk' rope; the same frequencies are rope_parameters"),
 ]
+
+
+# Alibaba's own GTE configs (model_type `new`) as transformers' GteConfig reads them; their keys transformers
+# ignores stay, and are refused where they change the math (as in a `gte` config).
+GTE_BASE_EN = {"architectures": ["NewModel"], "auto_map": {"AutoModel": "Alibaba-NLP/new-impl--modeling.NewModel"},
+               "model_type": "new", "hidden_size": 768, "num_attention_heads": 12, "rope_theta": 500000,
+               "rope_scaling": {"type": "ntk", "factor": 2.0}, "type_vocab_size": 0, "vocab_size": 30528,
+               "layer_norm_type": "layer_norm", "logn_attention_scale": False, "logn_attention_clip1": False,
+               "pack_qkv": True, "unpad_inputs": True, "use_memory_efficient_attention": True,
+               "max_position_embeddings": 8192, "position_embedding_type": "rope"}
+
+
+def test_alibabas_own_gte_config_is_read_as_the_gteconfig_it_describes() -> None:
+    from pooltriton.core.resolve import as_transformers_config, unread_config_keys
+
+    read = as_transformers_config(GTE_BASE_EN)
+    assert read["model_type"] == "gte" and read["architectures"] == ["GteModel"] and "auto_map" not in read
+    assert read["rope_parameters"] == {"rope_type": "linear", "factor": 2.0 ** (2 / 64), "rope_theta": 1000000.0}
+    assert "rope_scaling" not in read and "rope_theta" not in read and unread_config_keys(read) == []
+    assert GTE_BASE_EN["model_type"] == "new"  # the file's dict is left as it was
+    # NewConfig's defaults where GteConfig's differ; no scaling: the plain theta, for transformers to read
+    bare = as_transformers_config({"model_type": "new", "architectures": ["NewForSequenceClassification"]})
+    assert bare["architectures"] == ["GteForSequenceClassification"]
+    assert (bare["vocab_size"], bare["max_position_embeddings"], bare["rope_theta"]) == (30528, 2048, 10000.0)
+    # gte-multilingual-base names a token classifier without labels, and has none: TEI reads it as GteModel
+    unlabelled = {**GTE_BASE_EN, "architectures": ["NewForTokenClassification"]}
+    assert as_transformers_config(unlabelled)["architectures"] == ["GteModel"]
+    labelled = {**unlabelled, "id2label": {"0": "O", "1": "B"}, "label2id": {"O": 0, "B": 1}}
+    assert as_transformers_config(labelled)["architectures"] == ["GteForTokenClassification"]
+    # snowflake-arctic-embed-m-v2.0's kind: model_type gte, their code named
+    arctic = as_transformers_config({**GTE_BASE_EN, "model_type": "gte", "architectures": ["GteModel"]})
+    assert arctic["model_type"] == "gte" and "auto_map" not in arctic and "rope_parameters" in arctic
+    # as transformers reads them already, or code from elsewhere (--trust-remote-code's to run)
+    for config in ({"model_type": "bert", "architectures": ["BertModel"]}, {"model_type": "gte", "rope_theta": 1.0},
+                   {**GTE_BASE_EN, "auto_map": {"AutoModel": "modeling.NewModel"}}):
+        assert as_transformers_config(config) is config
+
+
+@pytest.mark.parametrize(("change", "refusal"), [
+    ({"logn_attention_scale": True}, "logn_attention_scale=True"),
+    ({"layer_norm_type": "rms_norm"}, "layer_norm_type='rms_norm'"),
+    ({"pack_qkv": False}, "pack_qkv=False"),
+    ({"position_embedding_type": "absolute"}, "position_embedding_type='absolute'"),
+    ({"rope_scaling": {"type": "ntk", "factor": 2.0, "mixed_b": 0.5}}, "nor an equivalent of this one"),
+])
+def test_alibabas_own_gte_variants_transformers_does_not_compute_are_refused(tmp_path, change, refusal) -> None:
+    from pooltriton.core.resolve import as_transformers_config
+    from pooltriton.export.build import check_architecture
+
+    with pytest.raises(ResolutionError, match=refusal):
+        check_architecture(tmp_path, as_transformers_config({**GTE_BASE_EN, **change}))
 
 
 def test_the_rope_offered_for_alibabas_fixed_ntk_has_its_frequencies() -> None:

@@ -155,7 +155,7 @@ class ModelFiles:
                     pooling = _read_json(root / module.get("path", "") / "config.json")
         return cls(
             root=root,
-            hf=_read_json(root / "config.json") or {},
+            hf=as_transformers_config(_read_json(root / "config.json") or {}),
             modules=modules,
             st_pooling=pooling,
             st_bert=_read_json(root / "sentence_bert_config.json"),
@@ -238,8 +238,44 @@ _UNREAD_KEYS: dict[str, dict[str, tuple[str | None, Any]]] = {
     "gte": {
         "logn_attention_scale": (None, False), "logn_attention_clip1": (None, False),
         "layer_norm_type": (None, "layer_norm"), "position_embedding_type": (None, "rope"),
+        "pack_qkv": (None, True),  # transformers converts their packed qkv_proj only
     },
 }
+
+
+# Alibaba's own GTE checkpoints (gte-base/large-en-v1.5, gte-multilingual-base and -reranker-base: model_type
+# `new`; snowflake-arctic-embed-m-v2.0: `gte`) name code on the hub (Alibaba-NLP/new-impl) that transformers
+# ports as `gte`: its weight conversion reads their names (`new.` prefix, packed qkv_proj, up_gate_proj). TEI
+# reads `new` as its GTE, vLLM as GteNewModel. So such a config is read as the GteConfig it describes, without
+# their code: architectures renamed, NewConfig's defaults where they differ from GteConfig's, and their fixed
+# NTK rope as the linear rope_parameters that give the same frequencies (_gte_ntk). Their keys transformers
+# does not read stay in it, for unread_config_keys to refuse where they change the math. Code from anywhere
+# else (a copy in the folder may have been changed) is left to --trust-remote-code.
+ALIBABA_GTE_CODE = "Alibaba-NLP/new-impl--"
+_NEW_ARCHITECTURES = {"NewModel": "GteModel", "NewForSequenceClassification": "GteForSequenceClassification",
+                      "NewForTokenClassification": "GteForTokenClassification", "NewForMaskedLM": "GteForMaskedLM"}
+_NEW_DEFAULTS = {"vocab_size": 30528, "max_position_embeddings": 2048, "rope_theta": 10000.0}
+
+
+def as_transformers_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """config.json as transformers reads it: Alibaba's GTE as the GteConfig it describes, else as is."""
+    code = list((hf.get("auto_map") or {}).values())
+    theirs = all(isinstance(name, str) and name.startswith(ALIBABA_GTE_CODE) for name in code)  # or none named
+    if not theirs or not (hf.get("model_type") == "new" or (hf.get("model_type") == "gte" and code)):
+        return hf
+    gte = {**_NEW_DEFAULTS, **{key: value for key, value in hf.items() if key != "auto_map"}, "model_type": "gte"}
+    # gte-multilingual-base names NewForTokenClassification without labels while its checkpoint holds no
+    # classifier: TEI skips that name there (their discussion 7), and so does this.
+    labelled = "id2label" in hf and "label2id" in hf
+    gte["architectures"] = [_NEW_ARCHITECTURES.get(name, name) for name in hf.get("architectures") or []
+                            if name != "NewForTokenClassification" or labelled] or ["GteModel"]
+    scaling = gte.get("rope_scaling") or {}
+    ntk = _ntk_parameters(gte, scaling) if scaling.get("type") == "ntk" else None
+    if ntk is not None:
+        gte.pop("rope_scaling")
+        gte.pop("rope_theta")
+        gte["rope_parameters"] = ntk
+    return gte
 
 
 # nomic's gated MLP names (activation_function) as transformers' NomicBERT runs them: hidden_act gating.
@@ -252,16 +288,23 @@ def _computed_with(hf: dict[str, Any], key: str, default: Any) -> Any:
     return hf.get(key, default)
 
 
-def _gte_ntk(hf: dict[str, Any], scaling: dict[str, Any]) -> str:
-    """Alibaba's fixed NTK rope (base x factor, frequencies / factor^(2/d)) in the terms transformers reads:
-    its linear scaling of factor^(2/d) on a theta of base x factor, the same frequencies exactly."""
-    if scaling.get("mixed_b") or not scaling.get("factor"):
-        return "transformers has no 'ntk' rope, nor an equivalent of this one"
-    factor = float(scaling["factor"])
+def _ntk_parameters(hf: dict[str, Any], scaling: dict[str, Any]) -> dict[str, Any] | None:
+    """Alibaba's fixed NTK rope (base x factor, frequencies / factor^(2/d), applied at every length once the
+    factor is over 1) in the terms transformers reads: its linear scaling of factor^(2/d) on a theta of base x
+    factor, the same frequencies exactly. None for their mixed NTK (mixed_b) or a factor under 1."""
+    factor = float(scaling.get("factor") or 0)
+    if scaling.get("mixed_b") or factor < 1:
+        return None
     dim = int(hf.get("head_dim") or hf.get("hidden_size", 768) // hf.get("num_attention_heads", 12))
     theta = float(scaling.get("rope_theta", hf.get("rope_theta", 160000.0)))
-    return (f"transformers has no 'ntk' rope; the same frequencies are rope_parameters {{'rope_type': 'linear', "
-            f"'factor': {factor ** (2 / dim)!r}, 'rope_theta': {theta * factor!r}}}")
+    return {"rope_type": "linear", "factor": factor ** (2 / dim), "rope_theta": theta * factor}
+
+
+def _gte_ntk(hf: dict[str, Any], scaling: dict[str, Any]) -> str:
+    parameters = _ntk_parameters(hf, scaling)
+    if parameters is None:
+        return "transformers has no 'ntk' rope, nor an equivalent of this one"
+    return f"transformers has no 'ntk' rope; the same frequencies are rope_parameters {parameters!r}"
 
 
 def unread_config_keys(hf: dict[str, Any]) -> list[str]:

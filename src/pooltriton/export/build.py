@@ -212,6 +212,13 @@ def classifier_tokens(model_dir: Path, tokens: tuple[str, ...] | None) -> tuple[
 
 
 def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
+    from pooltriton.export.view import transformers_view
+
+    with transformers_view(Path(model_dir)) as folder:  # Alibaba's `new` GTE read as transformers' gte
+        return _export_model(folder, options)
+
+
+def _export_model(model_dir: Path, options: ExportOptions) -> dict:
     # Heavy imports here, so `pooltriton inspect` and `--help` stay fast.
     from pooltriton.export.encoder import load_encoder, output_width
     from pooltriton.export.memory import encoder_memory
@@ -220,7 +227,6 @@ def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
 
     requested = options
     runtime, options = options.check(detect())
-    model_dir = Path(model_dir)
     tokenizer_file = model_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ResolutionError(f"{model_dir} has no tokenizer.json (a fast tokenizer is required)")
