@@ -288,6 +288,32 @@ GTE_BASE_EN = {"architectures": ["NewModel"], "auto_map": {"AutoModel": "Alibaba
                "max_position_embeddings": 8192, "position_embedding_type": "rope"}
 
 
+NOMIC_CODE = {"AutoConfig": "nomic-ai/nomic-bert-2048--configuration_hf_nomic_bert.NomicBertConfig",
+              "AutoModel": "nomic-ai/nomic-bert-2048--modeling_hf_nomic_bert.NomicBertModel"}
+
+
+@pytest.mark.parametrize(("change", "refusal"), [
+    ({}, None),
+    ({"n_head": 16}, r"n_head=16 \(computed with num_attention_heads=12\)"),
+    ({"moe_every_n_layers": 2, "num_experts": 8}, "moe_every_n_layers=2"),  # nomic-embed-text-v2-moe
+])
+def test_nomics_config_naming_its_hub_code_is_read_as_transformers_port(tmp_path, change, refusal) -> None:
+    """transformers reads it so without trust_remote_code (the port's own model type), and so does this."""
+    from pooltriton.core.resolve import as_transformers_config
+    from pooltriton.export.build import check_architecture
+
+    read = as_transformers_config({**NOMIC, "auto_map": NOMIC_CODE, **change})
+    assert "auto_map" not in read and read["model_type"] == "nomic_bert"
+    if refusal is None:
+        check_architecture(tmp_path, read)
+    else:
+        with pytest.raises(ResolutionError, match=refusal):
+            check_architecture(tmp_path, read)
+    # code named from anywhere else too is that code's to run (--trust-remote-code)
+    mixed = {**NOMIC, "auto_map": {**NOMIC_CODE, "AutoModelForMaskedLM": "modeling.NomicBertForPreTraining"}}
+    assert as_transformers_config(mixed) is mixed
+
+
 def test_alibabas_own_gte_config_is_read_as_the_gteconfig_it_describes() -> None:
     from pooltriton.core.resolve import as_transformers_config, unread_config_keys
 

@@ -230,6 +230,14 @@ def build(root: Path, family: str, head: str, num_labels: int = 3, seed: int = 0
     model = HEADS[head].from_config(config).eval()
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
+    if family == "nomic_bert":  # as nomic's checkpoints name their code on the hub (transformers ports it)
+        saved = json.loads((folder / "config.json").read_text())
+        code = "nomic-ai/nomic-bert-2048--"
+        saved["auto_map"] = {"AutoConfig": f"{code}configuration_hf_nomic_bert.NomicBertConfig",
+                             "AutoModel": f"{code}modeling_hf_nomic_bert.NomicBertModel",
+                             "AutoModelForSequenceClassification":
+                                 f"{code}modeling_hf_nomic_bert.NomicBertForSequenceClassification"}
+        (folder / "config.json").write_text(json.dumps(saved, indent=2))
     # BERT, ELECTRA and NomicBERT read segment ids: the tokenizer hands them over (1s for a pair's second text).
     segments = family in ("bert", "electra", "nomic_bert")
     inputs = ["input_ids", "token_type_ids", "attention_mask"] if segments else ["input_ids", "attention_mask"]

@@ -232,6 +232,7 @@ _UNREAD_KEYS: dict[str, dict[str, tuple[str | None, Any]]] = {
         "rotary_emb_scale_base": (None, None), "use_rms_norm": (None, False),
         "prenorm": (None, False), "parallel_block": (None, False), "qkv_proj_bias": (None, False),
         "mlp_fc1_bias": (None, False), "mlp_fc2_bias": (None, False), "causal": (None, False),
+        "moe_every_n_layers": (None, 0),  # nomic-embed-text-v2-moe's experts: the port has none
     },
     # Alibaba's NewConfig keys (gte-*-v1.5, gte-multilingual) -> transformers' GteConfig, in a config that says
     # model_type gte (Alibaba's own say `new` and are refused as unsupported)
@@ -243,27 +244,45 @@ _UNREAD_KEYS: dict[str, dict[str, tuple[str | None, Any]]] = {
 }
 
 
-# Alibaba's own GTE checkpoints (gte-base/large-en-v1.5, gte-multilingual-base and -reranker-base: model_type
-# `new`; snowflake-arctic-embed-m-v2.0: `gte`) name code on the hub (Alibaba-NLP/new-impl) that transformers
-# ports as `gte`: its weight conversion reads their names (`new.` prefix, packed qkv_proj, up_gate_proj). TEI
-# reads `new` as its GTE, vLLM as GteNewModel. So such a config is read as the GteConfig it describes, without
-# their code: architectures renamed, NewConfig's defaults where they differ from GteConfig's, and their fixed
-# NTK rope as the linear rope_parameters that give the same frequencies (_gte_ntk). Their keys transformers
-# does not read stay in it, for unread_config_keys to refuse where they change the math. Code from anywhere
-# else (a copy in the folder may have been changed) is left to --trust-remote-code.
+# Code on the hub that transformers ports (model types a config naming it may say): a config whose auto_map
+# names only that code is read as the port, as transformers itself reads it without trust_remote_code (and
+# sentence-transformers by default), TEI and vLLM with their own ports; its keys the port does not read are
+# compared by unread_config_keys. Code from anywhere else (a copy in the folder may have been changed) is left
+# to --trust-remote-code.
+# - nomic-embed-text v1/v1.5 (and v2-moe, whose experts the port has no place for: refused as stray weights).
+# - Alibaba's own GTE (gte-base/large-en-v1.5, gte-multilingual-base and -reranker-base: model_type `new`;
+#   snowflake-arctic-embed-m-v2.0: `gte`), which transformers ports as `gte`: its weight conversion reads their
+#   names (`new.` prefix, packed qkv_proj, up_gate_proj); TEI reads `new` as its GTE, vLLM as GteNewModel. Such
+#   a config is read as the GteConfig it describes: architectures renamed, NewConfig's defaults where they
+#   differ from GteConfig's, and their fixed NTK rope as the linear rope_parameters that give the same
+#   frequencies (_gte_ntk).
 ALIBABA_GTE_CODE = "Alibaba-NLP/new-impl--"
+PORTED_CODE = {ALIBABA_GTE_CODE: ("new", "gte"), "nomic-ai/nomic-bert-2048--": ("nomic_bert",)}
 _NEW_ARCHITECTURES = {"NewModel": "GteModel", "NewForSequenceClassification": "GteForSequenceClassification",
                       "NewForTokenClassification": "GteForTokenClassification", "NewForMaskedLM": "GteForMaskedLM"}
 _NEW_DEFAULTS = {"vocab_size": 30528, "max_position_embeddings": 2048, "rope_theta": 10000.0}
 
 
+def _ported_source(hf: dict[str, Any]) -> str | None:
+    """The one ported source every auto_map entry names; Alibaba's for their `new` config without auto_map."""
+    code = (hf.get("auto_map") or {}).values()
+    sources = {next((prefix for prefix in PORTED_CODE if isinstance(name, str) and name.startswith(prefix)), None)
+               for name in code}
+    if len(sources) == 1 and None not in sources:
+        return sources.pop()
+    return ALIBABA_GTE_CODE if not sources and hf.get("model_type") == "new" else None
+
+
 def as_transformers_config(hf: dict[str, Any]) -> dict[str, Any]:
-    """config.json as transformers reads it: Alibaba's GTE as the GteConfig it describes, else as is."""
-    code = list((hf.get("auto_map") or {}).values())
-    theirs = all(isinstance(name, str) and name.startswith(ALIBABA_GTE_CODE) for name in code)  # or none named
-    if not theirs or not (hf.get("model_type") == "new" or (hf.get("model_type") == "gte" and code)):
+    """config.json as transformers reads it: code it ports as that port, Alibaba's GTE as the GteConfig it
+    describes, else as is."""
+    source = _ported_source(hf)
+    if source is None or hf.get("model_type") not in PORTED_CODE[source]:
         return hf
-    gte = {**_NEW_DEFAULTS, **{key: value for key, value in hf.items() if key != "auto_map"}, "model_type": "gte"}
+    read = {key: value for key, value in hf.items() if key != "auto_map"}
+    if source != ALIBABA_GTE_CODE:
+        return read
+    gte = {**_NEW_DEFAULTS, **read, "model_type": "gte"}
     # gte-multilingual-base names NewForTokenClassification without labels while its checkpoint holds no
     # classifier: TEI skips that name there (their discussion 7), and so does this.
     labelled = "id2label" in hf and "label2id" in hf
