@@ -331,12 +331,18 @@ def test_alibabas_own_gte_config_is_read_as_the_gteconfig_it_describes() -> None
     assert as_transformers_config(unlabelled)["architectures"] == ["GteModel"]
     labelled = {**unlabelled, "id2label": {"0": "O", "1": "B"}, "label2id": {"O": 0, "B": 1}}
     assert as_transformers_config(labelled)["architectures"] == ["GteForTokenClassification"]
+    # their NTK as transformers 5 writes it when it saves their config again (rope_parameters)
+    resaved = {**GTE_BASE_EN, "rope_parameters": {"rope_type": "ntk", "type": "ntk", "factor": 2.0,
+                                                  "rope_theta": 500000.0}}
+    del resaved["rope_scaling"], resaved["rope_theta"]
+    assert as_transformers_config(resaved)["rope_parameters"] == read["rope_parameters"]
     # snowflake-arctic-embed-m-v2.0's kind: model_type gte, their code named
     arctic = as_transformers_config({**GTE_BASE_EN, "model_type": "gte", "architectures": ["GteModel"]})
     assert arctic["model_type"] == "gte" and "auto_map" not in arctic and "rope_parameters" in arctic
     # as transformers reads them already, or code from elsewhere (--trust-remote-code's to run)
     for config in ({"model_type": "bert", "architectures": ["BertModel"]}, {"model_type": "gte", "rope_theta": 1.0},
-                   {**GTE_BASE_EN, "auto_map": {"AutoModel": "modeling.NewModel"}}):
+                   {**GTE_BASE_EN, "auto_map": {"AutoModel": "modeling.NewModel"}},
+                   {**GTE_BASE_EN, "auto_map": ["Alibaba-NLP/new-impl--modeling.NewModel"]}):
         assert as_transformers_config(config) is config
 
 
@@ -353,6 +359,22 @@ def test_alibabas_own_gte_variants_transformers_does_not_compute_are_refused(tmp
 
     with pytest.raises(ResolutionError, match=refusal):
         check_architecture(tmp_path, as_transformers_config({**GTE_BASE_EN, **change}))
+
+
+def test_a_refusal_of_alibabas_gte_names_the_users_folder_not_the_exports_view(tmp_path) -> None:
+    import json
+
+    from alibaba_gte import build_alibaba_gte
+
+    from pooltriton.export.build import ExportOptions, export_model
+
+    folder = build_alibaba_gte(tmp_path, "embed")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "logn_attention_scale": True}))
+    with pytest.raises(ResolutionError) as refused:
+        export_model(folder, ExportOptions(name="x", out=tmp_path / "out"))
+    assert f"{folder}'s config.json sets logn_attention_scale=True" in str(refused.value)
+    assert "pooltriton-" not in str(refused.value)
 
 
 def test_the_rope_offered_for_alibabas_fixed_ntk_has_its_frequencies() -> None:

@@ -234,8 +234,8 @@ _UNREAD_KEYS: dict[str, dict[str, tuple[str | None, Any]]] = {
         "mlp_fc1_bias": (None, False), "mlp_fc2_bias": (None, False), "causal": (None, False),
         "moe_every_n_layers": (None, 0),  # nomic-embed-text-v2-moe's experts: the port has none
     },
-    # Alibaba's NewConfig keys (gte-*-v1.5, gte-multilingual) -> transformers' GteConfig, in a config that says
-    # model_type gte (Alibaba's own say `new` and are refused as unsupported)
+    # Alibaba's NewConfig keys (gte-*-v1.5, gte-multilingual) that transformers' GteConfig does not read (their
+    # `new` configs are read as GteConfigs first: as_transformers_config)
     "gte": {
         "logn_attention_scale": (None, False), "logn_attention_clip1": (None, False),
         "layer_norm_type": (None, "layer_norm"), "position_embedding_type": (None, "rope"),
@@ -249,7 +249,7 @@ _UNREAD_KEYS: dict[str, dict[str, tuple[str | None, Any]]] = {
 # sentence-transformers by default), TEI and vLLM with their own ports; its keys the port does not read are
 # compared by unread_config_keys. Code from anywhere else (a copy in the folder may have been changed) is left
 # to --trust-remote-code.
-# - nomic-embed-text v1/v1.5 (and v2-moe, whose experts the port has no place for: refused as stray weights).
+# - nomic-embed-text v1/v1.5 (v2-moe's experts, which the port has none of, are refused: moe_every_n_layers).
 # - Alibaba's own GTE (gte-base/large-en-v1.5, gte-multilingual-base and -reranker-base: model_type `new`;
 #   snowflake-arctic-embed-m-v2.0: `gte`), which transformers ports as `gte`: its weight conversion reads their
 #   names (`new.` prefix, packed qkv_proj, up_gate_proj); TEI reads `new` as its GTE, vLLM as GteNewModel. Such
@@ -265,7 +265,8 @@ _NEW_DEFAULTS = {"vocab_size": 30528, "max_position_embeddings": 2048, "rope_the
 
 def _ported_source(hf: dict[str, Any]) -> str | None:
     """The one ported source every auto_map entry names; Alibaba's for their `new` config without auto_map."""
-    code = (hf.get("auto_map") or {}).values()
+    auto_map = hf.get("auto_map") or {}
+    code = auto_map.values() if isinstance(auto_map, dict) else [None]
     sources = {next((prefix for prefix in PORTED_CODE if isinstance(name, str) and name.startswith(prefix)), None)
                for name in code}
     if len(sources) == 1 and None not in sources:
@@ -285,14 +286,16 @@ def as_transformers_config(hf: dict[str, Any]) -> dict[str, Any]:
     gte = {**_NEW_DEFAULTS, **read, "model_type": "gte"}
     # gte-multilingual-base names NewForTokenClassification without labels while its checkpoint holds no
     # classifier: TEI skips that name there (their discussion 7), and so does this.
-    labelled = "id2label" in hf and "label2id" in hf
+    labelled = bool(hf.get("id2label")) and bool(hf.get("label2id"))
     gte["architectures"] = [_NEW_ARCHITECTURES.get(name, name) for name in hf.get("architectures") or []
                             if name != "NewForTokenClassification" or labelled] or ["GteModel"]
-    scaling = gte.get("rope_scaling") or {}
-    ntk = _ntk_parameters(gte, scaling) if scaling.get("type") == "ntk" else None
+    # their rope_scaling, or the rope_parameters transformers 5 writes it into when it saves their config again
+    key = "rope_scaling" if gte.get("rope_scaling") else "rope_parameters"
+    scaling = gte.get(key) or {}
+    ntk = _ntk_parameters(gte, scaling) if scaling.get("type", scaling.get("rope_type")) == "ntk" else None
     if ntk is not None:
-        gte.pop("rope_scaling")
-        gte.pop("rope_theta")
+        gte.pop(key)
+        gte.pop("rope_theta", None)
         gte["rope_parameters"] = ntk
     return gte
 

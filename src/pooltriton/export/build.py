@@ -214,8 +214,14 @@ def classifier_tokens(model_dir: Path, tokens: tuple[str, ...] | None) -> tuple[
 def export_model(model_dir: str | Path, options: ExportOptions) -> dict:
     from pooltriton.export.view import transformers_view
 
-    with transformers_view(Path(model_dir)) as folder:  # Alibaba's `new` GTE read as transformers' gte
-        return _export_model(folder, options)
+    model_dir = Path(model_dir)
+    with transformers_view(model_dir) as folder:  # code transformers ports read as the port (core.resolve)
+        try:
+            return _export_model(folder, options)
+        except ResolutionError as error:  # named by the user's folder, not the view's
+            if folder == model_dir:
+                raise
+            raise ResolutionError(str(error).replace(str(folder), str(model_dir))) from None
 
 
 def _export_model(model_dir: Path, options: ExportOptions) -> dict:
@@ -389,7 +395,7 @@ def check_architecture(model_dir: Path, config: dict) -> None:
             f"{model_dir}'s config.json sets {'; '.join(unread)}: transformers' {model_type} does not read these "
             "keys and would compute as each parenthesis says, unlike the code the model was trained with, and no "
             "verification against transformers could tell. Where a parenthesis names a key, set that key to match "
-            "(gelu for geglu); otherwise transformers does not implement this variant (its own code may: auto_map)")
+            "(gelu for geglu); otherwise transformers does not implement this variant")
     bidirectional = config.get("use_bidirectional_attention") and config.get("is_causal", True)
     if bidirectional and model_type not in BIDIRECTIONAL_FLAG_MODEL_TYPES:
         raise ResolutionError(

@@ -21,7 +21,7 @@ from pooltriton.core.resolve import as_transformers_config
 def transformers_view(model_dir: Path) -> Iterator[Path]:
     """The folder itself where transformers reads its config.json as written, else a linked view (removed after)."""
     config_file = model_dir / "config.json"
-    written = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    written = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
     read = as_transformers_config(written)
     if read is written:
         yield model_dir
