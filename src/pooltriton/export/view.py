@@ -1,9 +1,10 @@
 """A model folder as transformers and sentence-transformers read it, where its config.json says otherwise.
 
-Alibaba's own GTE checkpoints say model_type `new` and name code on the hub; transformers ports that code as
-`gte` (core.resolve.as_transformers_config). Everything that loads the folder (the encoder, the library's
-tokenizer, the verification's reference, sentence-transformers' modules) reads config.json from disk, so the
-export works on a view of the folder: every file linked as it is, config.json written as transformers reads it.
+A config.json that names hub code transformers ports is read as the port (core.resolve.as_transformers_config:
+nomic's auto_map left out, Alibaba's `new` GTE written as a GteConfig). Everything that loads the folder (the
+encoder, the library's tokenizer, the verification's reference, sentence-transformers' modules) reads
+config.json from disk, so the export works on a view of the folder: every file linked as it is, config.json
+written as transformers reads it.
 """
 
 from __future__ import annotations
