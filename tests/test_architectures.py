@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from alibaba_gte import alibaba_gte, alibaba_gte_logits, build_alibaba_gte
-from tiny_models import MODERN, WINDOW, build, build_m3, build_sparse, build_st
+from tiny_models import MODERN, STATIC_LAYOUTS, WINDOW, build, build_m3, build_sparse, build_st, build_static
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
 from pooltriton.client import PoolingClient
@@ -89,6 +89,10 @@ def served(request, modern_root: Path, tmp_path_factory: pytest.TempPathFactory)
     jobs += [(build_alibaba_gte(modern_root, head), ExportOptions(name=f"alibaba_gte_{head}", out=repository,
                                                                   runtime=runtime, tokenizer_instances=1))
              for head in ("embed", "classify")]
+    # sentence-transformers' StaticEmbedding as each kind of checkpoint lays it out (a lookup: ~1 s each).
+    jobs += [(build_static(modern_root, layout), ExportOptions(name=f"static_{layout}", out=repository,
+                                                               runtime=runtime, tokenizer_instances=1))
+             for layout in STATIC_LAYOUTS]
     # SPLADE, saved by SparseEncoder: its max on one server, its sum on the other.
     jobs.append((build_sparse(modern_root, "bert", SPLADE[runtime]), ExportOptions(
         name="splade", out=repository, runtime=runtime, tokenizer_instances=1)))
@@ -273,6 +277,33 @@ def test_bge_m3_served_as_flagembedding_encodes(served, modern_root: Path) -> No
         assert np.abs(client.embed(TEXTS[:2], model="m3") - dense[:2]).max() <= 1e-6
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("layout", STATIC_LAYOUTS)
+def test_static_embeddings_are_served_as_sentence_transformers_encodes(served, modern_root: Path, layout: str) -> None:
+    """A StaticEmbedding (model2vec's potion, static-retrieval-mrl) served as the library computes it: the mean
+    of its tokens' rows, without the special tokens its tokenizer.json would add, and its Normalize or none;
+    texts up to ~1,000 tokens, as one batch (padding must not count)."""
+    from sentence_transformers import SentenceTransformer
+    from tokenizers import Tokenizer
+
+    folder = build_static(modern_root, layout)
+    model = SentenceTransformer(str(folder), device="cpu")
+    texts = [*TEXTS, " ".join(varied_texts(40, seed=9, max_words=40)), "a"]
+    expected = model.encode(texts, batch_size=1)
+    got = served.embed(texts, model=f"static_{layout}")
+    assert got.shape == expected.shape == (len(texts), 64)
+    assert np.abs(got - expected).max() <= MAX_ABS, float(np.abs(got - expected).max())
+    assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5) == (layout != "retrieval")
+    # Not trivially so: with the [CLS] and [SEP] its tokenizer.json's post-processor adds, the means differ.
+    module = folder / ("0_StaticEmbedding" if layout == "retrieval" else "")
+    tokenizer = Tokenizer.from_file(str(module / "tokenizer.json"))
+    table = model[0].embedding.weight.detach().numpy()
+    assert len(tokenizer.encode(texts[-2], add_special_tokens=False).ids) > 500
+    with_specials = np.stack([table[tokenizer.encode(text).ids].mean(0) for text in texts[:3]])
+    if layout != "retrieval":
+        with_specials = normalize(with_specials)
+    assert np.abs(with_specials - got[:3]).max() > 1e-3
 
 
 def test_a_splade_model_is_served_as_sentence_transformers_sparse_encoder_encodes(served, modern_root: Path) -> None:

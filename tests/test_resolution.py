@@ -427,3 +427,56 @@ def test_nomic_rotary_scaling_caps_the_length_where_transformers_agrees_with_its
     extra["auto_map"] = {"AutoModel": "modeling.NomicBertModel"}  # its own code scales, and is the reference
     own = resolve(model_dir(tmp_path, "NomicBertModel", "nomic_bert", extra=extra, name="own"))
     assert own.max_length == 8192
+
+
+def test_a_static_embedding_resolves_as_the_mean_of_its_tokens_rows(tmp_path) -> None:
+    """sentence-transformers' StaticEmbedding, however it is laid out (the table at the top or in its module's
+    folder, model2vec's config.json beside it or none): the mean, normalised where a Normalize follows, no
+    length limit of its own (8,192 unless its tokenizer.json cuts, or --max-length)."""
+    from tiny_models import STATIC_LAYOUTS, build_static
+
+    for layout in STATIC_LAYOUTS:
+        folder = build_static(tmp_path, layout)
+        config = resolve(folder)
+        assert (config.task.value, config.pooling_type.value, config.use_activation, config.max_length,
+                config.architecture, config.model_type) == ("embed", "MEAN", layout != "retrieval", 8192,
+                                                            "StaticEmbedding", "static_embedding"), layout
+        assert (config.sources["pooling_type"], config.sources["use_activation"],
+                config.sources["max_length"]) == ("sentence-transformers", "sentence-transformers", "task-default")
+        assert resolve(folder, max_length=100_000).max_length == 100_000
+    module = tmp_path / "static-retrieval" / "0_StaticEmbedding"
+    tokenizer = json.loads((module / "tokenizer.json").read_text())
+    (module / "tokenizer.json").write_text(json.dumps({**tokenizer, "truncation": {
+        "direction": "Right", "max_length": 300, "strategy": "LongestFirst", "stride": 0}}))
+    config = resolve(tmp_path / "static-retrieval")
+    assert (config.max_length, config.sources["max_length"]) == (300, "tokenizer-json")
+    # inspect reads it without a config.json
+    out = subprocess.run([sys.executable, "-m", "pooltriton.cli", "inspect", str(tmp_path / "static-st")],
+                         check=True, capture_output=True, text=True).stdout
+    assert json.loads(out)["pooling_type"] == "MEAN"
+    # what no checkpoint has is refused rather than guessed: a Dense after it
+    folder = tmp_path / "static-st"
+    modules = json.loads((folder / "modules.json").read_text())
+    dense = {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+    (folder / "modules.json").write_text(json.dumps([modules[0], dense, modules[1]]))
+    with pytest.raises(ResolutionError, match="Dense module after a StaticEmbedding"):
+        resolve(folder)
+    (folder / "modules.json").write_text(json.dumps(modules))
+
+
+def test_a_static_embedding_is_exported_in_fp32_and_refused_in_int8_or_without_safetensors(tmp_path,
+                                                                                          monkeypatch) -> None:
+    """On a CPU with VNNI and no bf16 (whatever this one is), where auto would choose int8."""
+    from tiny_models import build_static
+
+    from pooltriton.export.build import ExportOptions, export_model
+
+    monkeypatch.setenv("POOLTRITON_CPU_FLAGS", "avx2 fma avx512f avx512_vnni")
+    folder = build_static(tmp_path, "st")
+    with pytest.raises(ResolutionError, match="StaticEmbedding has none"):
+        export_model(folder, ExportOptions(name="x", out=tmp_path / "out", runtime="openvino", precision="int8"))
+    report = export_model(folder, ExportOptions(name="x", out=tmp_path / "out", runtime="openvino", precision="auto"))
+    assert report["precision"] == "fp32" and report["passed"]
+    (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
+    with pytest.raises(ResolutionError, match=r"has no model\.safetensors"):
+        resolve(folder)

@@ -339,3 +339,49 @@ def build_m3(root: Path) -> Path:
         torch.save(sparse.state_dict(), folder / "sparse_linear.pt")
         torch.save(torch.nn.Linear(hidden, hidden).state_dict(), folder / "colbert_linear.pt")
     return folder
+
+
+STATIC_LAYOUTS = ("st", "retrieval", "model2vec")
+
+
+def build_static(root: Path, layout: str) -> Path:
+    """A sentence-transformers StaticEmbedding over the tiny BERT tokenizer (whose post-processor adds [CLS] and
+    [SEP], which the library leaves out), 64-wide seeded vectors, as each kind of checkpoint lays it out:
+    - "st": saved by sentence-transformers 6 itself (the table at the top), with a Normalize;
+    - "retrieval": as static-retrieval-mrl-en-v1 (sentence-transformers 3): the module in 0_StaticEmbedding,
+      no Normalize;
+    - "model2vec": as model2vec's potion models: model2vec's own config.json, the module at ".", a Normalize, and
+      a vocabulary-quantized table (model2vec's `embeddings` of 40 rows, each token's row by `mapping`, scaled
+      by its `weights`)."""
+    from safetensors.torch import save_file
+
+    folder = root / f"static-{layout}"
+    if (folder / "modules.json").is_file():
+        return folder
+    tokenizer, _info = _tokenizer("bert")
+    torch.manual_seed(3)
+    table = torch.randn(tokenizer.get_vocab_size(), 64)
+    module = folder / ("0_StaticEmbedding" if layout == "retrieval" else "")
+    module.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(module / "tokenizer.json"))
+    if layout == "model2vec":
+        vocabulary = tokenizer.get_vocab_size()
+        weights = {"embeddings": table[:40].clone(), "mapping": torch.randint(0, 40, (vocabulary,)),
+                   "weights": torch.rand(vocabulary) + 0.5}
+    else:
+        weights = {"embedding.weight": table}
+    save_file(weights, str(module / "model.safetensors"))
+    kind = ("sentence_transformers.sentence_transformer.modules.static_embedding.StaticEmbedding" if layout == "st"
+            else "sentence_transformers.models.StaticEmbedding")
+    modules = [{"idx": 0, "name": "0", "path": {"st": "", "retrieval": "0_StaticEmbedding"}.get(layout, "."),
+                "type": kind}]
+    if layout != "retrieval":
+        modules.append({"idx": 1, "name": "1", "path": "1_Normalize", "type": "sentence_transformers.models.Normalize"})
+        (folder / "1_Normalize").mkdir(exist_ok=True)
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({"model_type": "SentenceTransformer",
+                                                                         "similarity_fn_name": "cosine"}))
+    if layout == "model2vec":
+        (folder / "config.json").write_text(json.dumps({"model_type": "model2vec", "architectures": ["StaticModel"],
+                                                        "normalize": True, "hidden_dim": 64, "seq_length": 1000000}))
+    return folder

@@ -36,13 +36,14 @@ DECODER_MODEL_TYPES = frozenset(
 # sentence-transformers (README: "Architectures"). Anything else is refused at export, by name.
 SUPPORTED_MODEL_TYPES = frozenset(
     {"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "mpnet", "deberta-v2", "modernbert",
-     "nomic_bert", "gte", "bart", "t5", "gpt2", "qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3_text"}
+     "nomic_bert", "gte", "bart", "t5", "gpt2", "qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3_text",
+     "static_embedding"}
 )
 # Of those, families the matrix proves for one use only (export.build.check_supported refuses the rest):
 # BART as a sequence classifier (bart-large-mnli's NLI head reads the decoder's state at the last </s>, LAST
 # pooling of the decoder here); T5 as the encoder of a sentence-transformers embedding (sentence-t5, GTR:
 # T5EncoderModel, no decoder).
-ONE_USE_MODEL_TYPES = {"bart": "classify", "t5": "embed"}
+ONE_USE_MODEL_TYPES = {"bart": "classify", "t5": "embed", "static_embedding": "embed"}
 # Families whose activations overflow fp16 (transformers keeps T5's feed-forward output layers in fp32): a
 # GPU export in auto precision runs them in fp32, and an explicit fp16 is refused.
 FP16_OVERFLOW_MODEL_TYPES = frozenset({"t5"})
@@ -73,7 +74,7 @@ _ST_MODE_NAMES = {"cls": PoolingType.CLS, "mean": PoolingType.MEAN, "lasttoken":
                   "max": PoolingType.MAX, "mean_sqrt_len_tokens": PoolingType.MEAN_SQRT_LEN,
                   "weightedmean": PoolingType.WEIGHTED_MEAN}
 # The sentence-transformers modules an export reproduces (by the class name ending the module's type).
-_ST_MODULES = ("Transformer", "Pooling", "Dense", "Normalize", "MLMTransformer", "SpladePooling")
+_ST_MODULES = ("Transformer", "Pooling", "Dense", "Normalize", "MLMTransformer", "SpladePooling", "StaticEmbedding")
 _SPLADE_STRATEGIES = {"max": PoolingType.SPLADE_MAX, "sum": PoolingType.SPLADE_SUM}
 _PROBLEM_TYPE_ACTIVATION = {
     "regression": Activation.IDENTITY,
@@ -85,6 +86,52 @@ _TORCH_ACTIVATIONS = {"Sigmoid": Activation.SIGMOID, "Softmax": Activation.SOFTM
 
 class ResolutionError(ValueError):
     """The model cannot serve what was asked; raised at export, never a silent fallback."""
+
+
+# sentence-transformers' StaticEmbedding (static-retrieval-mrl, model2vec's potion models): a table of token
+# vectors averaged over a text's tokens, no special tokens, no attention and no position limit. It has no
+# transformers config; its folder is described here as one (static_config), under this model type.
+STATIC_EMBEDDING = "static_embedding"
+# The tokens one text may have: the model has no limit of its own (the library reads any length); --max-length
+# sets another.
+STATIC_MAX_LENGTH = 8192
+_STATIC_WEIGHTS = ("embedding.weight", "embeddings")  # sentence-transformers' name, model2vec's
+
+
+def static_module(root: Path, modules: list[dict[str, Any]] | None) -> Path | None:
+    """The folder of a StaticEmbedding that a sentence-transformers pipeline starts with (None: it does not)."""
+    first = (modules or [{}])[0]
+    if not str(first.get("type", "")).endswith(".StaticEmbedding"):
+        return None
+    return root / str(first.get("path") or "")
+
+
+def static_config(module: Path) -> dict[str, Any]:
+    """A StaticEmbedding's table as a config: its rows and width, read from its safetensors header."""
+    weights = module / "model.safetensors"
+    if not weights.is_file():
+        raise ResolutionError(f"{module} has no model.safetensors: the StaticEmbedding's table is required in "
+                              "safetensors")
+    with weights.open("rb") as handle:
+        header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
+    name = next((name for name in _STATIC_WEIGHTS if name in header), None)
+    if name is None or len(header[name].get("shape", ())) != 2:
+        raise ResolutionError(f"{weights} holds no table of token vectors ({' or '.join(_STATIC_WEIGHTS)})")
+    rows, width = header[name]["shape"]
+    if "mapping" in header:  # model2vec's vocabulary-quantized table: a row of it per token
+        rows = header["mapping"]["shape"][0]
+    return {"model_type": STATIC_EMBEDDING, "architectures": ["StaticEmbedding"], "vocab_size": int(rows),
+            "hidden_size": int(width)}
+
+
+def model_config(root: Path) -> dict[str, Any] | None:
+    """config.json as the export reads it (as_transformers_config), a StaticEmbedding's described by
+    static_config; None where the folder has neither."""
+    module = static_module(root, _read_json(root / "modules.json"))
+    if module is not None:
+        return static_config(module)
+    written = _read_json(root / "config.json")
+    return None if written is None else as_transformers_config(written)
 
 
 @dataclass(frozen=True)
@@ -145,7 +192,8 @@ class ModelFiles:
     @classmethod
     def read(cls, root: str | Path) -> ModelFiles:
         root = Path(root)
-        if not (root / "config.json").is_file():
+        hf = model_config(root)
+        if hf is None:
             raise ResolutionError(f"{root} has no config.json: not a Hugging Face model folder")
         modules = _read_json(root / "modules.json")
         pooling = None
@@ -155,7 +203,7 @@ class ModelFiles:
                     pooling = _read_json(root / module.get("path", "") / "config.json")
         return cls(
             root=root,
-            hf=as_transformers_config(_read_json(root / "config.json") or {}),
+            hf=hf,
             modules=modules,
             st_pooling=pooling,
             st_bert=_read_json(root / "sentence_bert_config.json"),
@@ -167,6 +215,10 @@ class ModelFiles:
     def architecture(self) -> str:
         archs = self.hf.get("architectures") or [""]
         return archs[0]
+
+    @property
+    def static(self) -> bool:
+        return self.hf.get("model_type") == STATIC_EMBEDDING
 
     def has_st_module(self, suffix: str) -> bool:
         return bool(self.modules) and any(m.get("type", "").endswith(suffix) for m in self.modules)
@@ -445,6 +497,10 @@ def resolve_max_length(files: ModelFiles, explicit: int | None = None) -> tuple[
                               "code rescales rotary positions (rotary_scaling_factor) and transformers does not")
     if explicit:
         return explicit, EXPLICIT
+    if files.static:  # the library reads a text whole, unless its tokenizer.json cuts it
+        module = static_module(files.root, files.modules)
+        cut = (_read_json(module / "tokenizer.json") or {}).get("truncation") if module is not None else None
+        return (int(cut["max_length"]), "tokenizer-json") if cut else (STATIC_MAX_LENGTH, TASK_DEFAULT)
     limits: list[tuple[int, str]] = [(int(scaled), HF_CONFIG)] if scaled else []
     if files.st_bert and files.st_bert.get("max_seq_length"):
         limits.append((int(files.st_bert["max_seq_length"]), SENTENCE_TRANSFORMERS))
@@ -516,6 +572,8 @@ def resolve(
     dense_layers = st_dense_layers(files) if resolved_task is Task.EMBED else ()
     if resolved_pooling.sparse and dense_layers:
         raise ResolutionError("a Dense module after SPLADE pooling is not supported")
+    if files.static and dense_layers:  # no checkpoint has one: only its Normalize is exported
+        raise ResolutionError("a Dense module after a StaticEmbedding is not supported")
     length, sources["max_length"] = resolve_max_length(files, max_length)
     return PoolerConfig(
         task=resolved_task,
@@ -597,6 +655,8 @@ def _resolve_pooling(files: ModelFiles, task: Task, pooling_type: PoolingType | 
         resolved, sources["pooling_type"] = PoolingType.ALL, TASK_DEFAULT
     elif st_type is not None:
         resolved, sources["pooling_type"] = st_type, SENTENCE_TRANSFORMERS
+    elif files.static:  # StaticEmbedding averages its tokens' vectors
+        resolved, sources["pooling_type"] = PoolingType.MEAN, SENTENCE_TRANSFORMERS
     elif task is Task.CLASSIFY and files.hf.get("classifier_pooling") in _CLASSIFIER_POOLING:
         # ModernBERT's classifier pools as its config says before its head.
         resolved, sources["pooling_type"] = _CLASSIFIER_POOLING[files.hf["classifier_pooling"]], HF_CONFIG
@@ -637,7 +697,7 @@ def _resolve_activation(files: ModelFiles, task: Task, num_labels: int | None, u
         activation = Activation.NORMALIZE
         if use_activation is not None:
             sources["use_activation"] = EXPLICIT
-        elif files.st_pooling is not None:
+        elif files.st_pooling is not None or files.static:
             use_activation = files.has_st_module("Normalize")
             sources["use_activation"] = SENTENCE_TRANSFORMERS
         else:

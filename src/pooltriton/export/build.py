@@ -73,6 +73,7 @@ from pooltriton.core.resolve import (
     FP16_OVERFLOW_MODEL_TYPES,
     ONE_USE_MODEL_TYPES,
     SENTENCE_TRANSFORMERS,
+    STATIC_EMBEDDING,
     SUPPORTED_MODEL_TYPES,
     PoolerConfig,
     ResolutionError,
@@ -244,6 +245,7 @@ def _export_model(model_dir: Path, options: ExportOptions) -> dict:
     config = resolve_options(model_dir, options)
     check_supported(config)
     options = without_fp16_overflow(config, options, requested.precision)
+    runtime, options = static_precision(config, runtime, options, requested)
     if options.precision == INT8 and config.task is not Task.EMBED:
         if requested.precision != AUTO:
             raise ResolutionError(f"--precision int8 serves embedding models (its bounds are cosine and "
@@ -292,6 +294,22 @@ def without_fp16_overflow(config: PoolerConfig, options: ExportOptions, requeste
                               "(transformers keeps its feed-forward outputs in fp32); use --precision fp32 or bf16")
     print(f"--precision auto: fp32 ({config.model_type} overflows in fp16)", file=sys.stderr)
     return replace(options, precision=FP32)
+
+
+def static_precision(config: PoolerConfig, runtime: Runtime, options: ExportOptions,
+                     requested: ExportOptions) -> tuple[Runtime, ExportOptions]:
+    """A StaticEmbedding computes no products (a table lookup and a mean): int8 would only round its table,
+    and auto keeps fp32, which lower precisions make no faster."""
+    if config.model_type != STATIC_EMBEDDING or options.precision == FP32:
+        return runtime, options
+    if requested.precision == INT8:
+        raise ResolutionError("--precision int8 quantizes matrix products, and a StaticEmbedding has none (it "
+                              "averages rows of its table): use fp32")
+    if requested.precision != AUTO:
+        return runtime, options
+    print("--precision auto: fp32 (a StaticEmbedding computes no products that a lower precision would speed up)",
+          file=sys.stderr)
+    return runtime, replace(options, precision=FP32)
 
 
 def _auto_without_int8(requested: ExportOptions, reason: str) -> tuple[Runtime, ExportOptions]:
@@ -377,7 +395,7 @@ def check_architecture(model_dir: Path, config: dict) -> None:
     import transformers
 
     model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    if model_type not in SUPPORTED_MODEL_TYPES or model_type == STATIC_EMBEDDING:  # no transformers model
         return
     # A name that is no transformers class (vLLM's GritLM, a *Bidirectional* model re-saved without its code)
     # would load as the family's plain model; with auto_map its own code runs (--trust-remote-code).

@@ -8,8 +8,10 @@ shape-specialised mask code from transformers, and left- and right-padded rows g
 from __future__ import annotations
 
 import inspect
+import json
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -23,9 +25,10 @@ from transformers import (
     AutoModelForTextEncoding,
     AutoModelForTokenClassification,
 )
+from transformers.modeling_outputs import BaseModelOutput
 
 from pooltriton.contract import ACTIVATE, ENCODER_OUTPUT
-from pooltriton.core.resolve import PoolerConfig, ResolutionError
+from pooltriton.core.resolve import STATIC_EMBEDDING, PoolerConfig, ResolutionError, static_module
 from pooltriton.core.semantics import Activation, PoolingType, Task
 from pooltriton.export.pooling import get_pooler
 
@@ -127,6 +130,8 @@ def load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: bool
 
 def _load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: bool,
                   trust_remote_code: bool) -> PoolingEncoder:
+    if config.model_type == STATIC_EMBEDDING:
+        return _static_encoder(Path(model_dir), config)
     hf_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     load = {"config": hf_config, "use_safetensors": None if allow_pickle else True,
             "trust_remote_code": trust_remote_code}
@@ -182,6 +187,30 @@ def _load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: boo
     encoder = PoolingEncoder(network, config, encoder_input_names(network, hf_config), config.causal, head,
                              returns_logits, hf_config)
     return encoder.eval()
+
+
+class StaticTable(nn.Module):
+    """A StaticEmbedding's table as a network: each token's vector is its hidden state (the pooling averages
+    them, as the library's EmbeddingBag does; there is no attention, so the mask is not read)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.embeddings = nn.Embedding.from_pretrained(weight.float(), freeze=True)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> BaseModelOutput:
+        return BaseModelOutput(last_hidden_state=self.embeddings(input_ids))
+
+
+def _static_encoder(model_dir: Path, config: PoolerConfig) -> PoolingEncoder:
+    """The table as sentence-transformers loads it (model2vec's vocabulary-quantized tables folded into one
+    row per token: each token's row of `embeddings` by `mapping`, times its `weights`)."""
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+
+    module = static_module(model_dir, json.loads((model_dir / "modules.json").read_text()))
+    table = StaticEmbedding.load(str(module)).embedding.weight.detach()
+    shape = SimpleNamespace(hidden_size=table.shape[1], vocab_size=table.shape[0])
+    return PoolingEncoder(StaticTable(table).eval(), config, ("input_ids", "attention_mask"), False, None, False,
+                          shape).eval()
 
 
 def _complete(auto: Any, model_dir: str | Path, load: dict[str, Any]) -> nn.Module:
@@ -287,8 +316,6 @@ class _Dense(nn.Module):
 def _st_dense(folder: Path, allow_pickle: bool) -> nn.Module:
     """A sentence-transformers Dense module from its own folder's files, with the library's defaults for the
     keys a config leaves out (Tanh, no residual) and its strict load (a weight it has no place for fails)."""
-    import json
-
     settings = json.loads((folder / "config.json").read_text())
     for key in ("module_input_name", "module_output_name"):  # a Dense over another feature than the vector
         if settings.get(key) not in (None, "sentence_embedding"):

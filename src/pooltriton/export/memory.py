@@ -29,6 +29,11 @@ def encoder_memory(model_dir: Path, vocabulary_logits: bool = False) -> tuple[in
     graph keeps the masked-LM head's logits of every token (SPLADE), which outweigh a layer's activations."""
     from transformers import AutoConfig
 
+    from pooltriton.core.resolve import STATIC_EMBEDDING, model_config
+
+    described = model_config(Path(model_dir)) or {}
+    if described.get("model_type") == STATIC_EMBEDDING:  # a table lookup: its vectors and their padded sum
+        return FLOAT * HIDDEN_COPIES * int(described["hidden_size"]), FLOAT
     config = AutoConfig.from_pretrained(model_dir)
     config = getattr(config, "text_config", None) or config
     hidden = int(config.hidden_size)

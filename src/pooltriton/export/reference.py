@@ -77,12 +77,14 @@ def load_reference(model_dir: str | Path, config: PoolerConfig, allow_pickle: bo
 
 def _sentence_transformers(model_dir: Path, trust_remote_code: bool, library: str) -> tuple[nn.Module, Compute]:
     import sentence_transformers
-    from sentence_transformers.sentence_transformer.modules import Normalize
+    from sentence_transformers.sentence_transformer.modules import Normalize, StaticEmbedding
 
     full = getattr(sentence_transformers, library)(str(model_dir), device="cpu", trust_remote_code=trust_remote_code)
     pipeline = nn.Sequential(*(m for m in full._modules.values() if not isinstance(m, Normalize)))
 
     def compute(module: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        if isinstance(module[0], StaticEmbedding):  # its features: one text's ids in a row, where each starts
+            inputs = {"input_ids": inputs["input_ids"][0], "offsets": torch.zeros(1, dtype=torch.int64)}
         return module(dict(inputs))["sentence_embedding"][0]
 
     return pipeline, compute

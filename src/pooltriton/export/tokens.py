@@ -20,11 +20,12 @@ from __future__ import annotations
 import gc
 import json
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from pooltriton.core.resolve import EXPLICIT, HF_CONFIG, PoolerConfig, ResolutionError
+from pooltriton.core.resolve import EXPLICIT, HF_CONFIG, STATIC_EMBEDDING, PoolerConfig, ResolutionError
 from pooltriton.core.semantics import Task, Truncation
 from pooltriton.core.tokenization import TextTokenizer
 from pooltriton.export.verify import sample_texts
@@ -49,6 +50,8 @@ def served_tokenizer(model_dir: Path, config: PoolerConfig, trust_remote_code: b
     model_dir = Path(model_dir)
     with _library(model_dir, config, trust_remote_code) as library:
         text = library.backend or (model_dir / "tokenizer.json").read_text(encoding="utf-8")
+        if config.model_type == STATIC_EMBEDDING:  # its library never adds special tokens
+            text = json.dumps({**json.loads(text), "post_processor": None})
         tokenizer = TextTokenizer.from_str(text, config.max_length, library.pad_token_id)
         _check_vocabulary(model_dir, library.name, tokenizer)
         _compare(library, tokenizer, config)
@@ -136,7 +139,7 @@ class _library:
             except Exception as error:  # whatever stops transformers stops the model's users too
                 raise ResolutionError(f"transformers cannot load this model's tokenizer, so what it serves could "
                                       f"not be compared with the library ({type(error).__name__}: {error})") from None
-        backend = getattr(tokenizer, "backend_tokenizer", None)
+        backend = tokenizer if isinstance(tokenizer, Tokenizer) else getattr(tokenizer, "backend_tokenizer", None)
         self.backend = backend.to_str() if backend is not None else None
         self.pad_token_id = getattr(tokenizer, "pad_token_id", None)  # where the file has no padding section
         return self
@@ -147,6 +150,10 @@ class _library:
         limit = ({"max_length": self.config.max_length}
                  if self.config.sources.get("max_length") in (HF_CONFIG, EXPLICIT) else {})
         made = self.model.preprocess(texts if pairs is None else list(zip(texts, pairs)), prompt=prompt, **limit)
+        if "offsets" in made:  # a StaticEmbedding's: every text's ids in one row, where each starts
+            ids, starts = made["input_ids"].tolist(), [*made["offsets"].tolist(), len(made["input_ids"])]
+            # it reads a text whole; what the export serves is its first max_length tokens
+            return [(ids[start:end][: self.config.max_length], None) for start, end in pairwise(starts)]
         return _rows(made)
 
     def _transformers(self, texts: list[str], pairs: list[str] | None, prompt: str | None):
