@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_models import FAMILIES, build, build_cross_encoder, token_id
+from tiny_models import FAMILIES, build, build_cross_encoder, token_id, with_chat_template
 from transformers import (
     AutoModel,
     AutoModelForCausalLM,
@@ -109,12 +109,24 @@ def served(request, tiny_root: Path, tmp_path_factory: pytest.TempPathFactory):
     # Three labels: sentence-transformers saves (and applies) Identity, where vLLM's default is softmax.
     jobs.append((build_cross_encoder(tiny_root, "bert", 3), ExportOptions(name="bert_cross3", out=repository,
                                                                           runtime=runtime)))
+    if runtime == "torchscript":  # vLLM's chat form: rendering does not depend on the runtime
+        jobs += [(chat_folder(tiny_root, name), ExportOptions(name=name, out=repository, runtime=runtime))
+                 for name in CHAT_CASES]
     export_all(jobs)
     server = start_server(repository, repository / "server.log")
     client = PoolingClient(server.grpc_url, protocol="grpc")
     yield runtime, client, server, repository
     client.close()
     assert server.stop() == 0
+
+
+# Chat-form models: a Qwen2 decoder embedding (LAST) and a Llama classifier, each with its family's chat template.
+CHAT_CASES = {"qwen2_chat": "qwen2_embed", "llama_chat": "llama_classify"}
+
+
+def chat_folder(root: Path, name: str) -> Path:
+    case = next(c for c in CASES if c.name == CHAT_CASES[name])
+    return with_chat_template(folder_of(root, case), case.family)
 
 
 def test_torchscript_encoders_name_their_arguments_as_their_config_inputs(served) -> None:
@@ -395,3 +407,74 @@ def test_gateway_classify_and_cross_encoder_rerank(served, tiny_root: Path) -> N
                                    atol=1e-5)
         refused = httpx.post(f"{url}/v1/embeddings", json={"model": "bert_cls", "input": texts, "dimensions": 8})
         assert refused.status_code == 400 and "only [16]" in refused.json()["error"]["message"]
+
+
+def test_vllms_chat_form_is_the_models_template_rendered_then_served(served, tiny_root: Path) -> None:
+    """`messages` in place of `input` (vLLM's chat form) on /v1/embeddings, /pooling, /classify, /tokenize and
+    /invocations: equal to transformers' apply_chat_template(..., tokenize=False), tokenized without special
+    tokens, through the model (vLLM's own equivalence); a list of text parts read as vLLM reads it for a
+    template that reads strings (joined by new lines)."""
+    import httpx
+
+    runtime, _client, server, _repository = served
+    if runtime != "torchscript":
+        pytest.skip("the chat-form models are exported to the TorchScript server only")
+    question = varied_texts(1, seed=21, max_words=8)[0]
+    # (short: each of ChatML's markers is 9 tokens of the tiny vocabulary, and the model reads 128)
+    sent = [{"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": [{"type": "text", "text": question}, {"type": "text", "text": "Runtime?"}]}]
+    read = [sent[0], {"role": "user", "content": f"{question}\nRuntime?"}]  # what vLLM hands the template
+
+    def library_ids(name: str, messages: list[dict], generation: bool = False) -> list[int]:
+        tokenizer = library_tokenizer(chat_folder(tiny_root, name))
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    qwen2 = AutoModel.from_pretrained(chat_folder(tiny_root, "qwen2_chat")).eval()
+    llama = AutoModelForSequenceClassification.from_pretrained(chat_folder(tiny_root, "llama_chat")).eval()
+
+    def embedding(ids: list[int]) -> np.ndarray:
+        with torch.no_grad():
+            return normalize(qwen2.base_model(input_ids=torch.tensor([ids])).last_hidden_state[0, -1:].numpy())[0]
+
+    with running_gateway(server.grpc_url, admin_key=server.admin_key) as url:
+        def post(route: str, body: dict) -> httpx.Response:
+            return httpx.post(f"{url}{route}", json=body, timeout=60)
+
+        ids = library_ids("qwen2_chat", read)
+        assert 30 < len(ids) < 110, len(ids)
+        for generation in (False, True):
+            answer = post("/v1/embeddings", {"model": "qwen2_chat", "messages": sent,
+                                             "add_generation_prompt": generation}).json()
+            assert "data" in answer, answer
+            expected = embedding(library_ids("qwen2_chat", read, generation))
+            assert np.abs(np.array(answer["data"][0]["embedding"]) - expected).max() <= MAX_ABS
+            assert answer["usage"]["prompt_tokens"] == len(library_ids("qwen2_chat", read, generation))
+        pooled = post("/pooling", {"model": "qwen2_chat", "messages": sent, "task": "embed"}).json()
+        assert np.abs(np.array(pooled["data"][0]["data"]) - embedding(ids)).max() <= MAX_ABS
+        invoked = post("/invocations", {"model": "qwen2_chat", "messages": sent}).json()
+        assert np.abs(np.array(invoked["data"][0]["embedding"]) - embedding(ids)).max() <= MAX_ABS
+        # vLLM's truncate_prompt_tokens cuts the rendered conversation's tokens (its first ones)
+        cut = post("/v1/embeddings", {"model": "qwen2_chat", "messages": sent, "truncate_prompt_tokens": 12}).json()
+        assert np.abs(np.array(cut["data"][0]["embedding"]) - embedding(ids[:12])).max() <= MAX_ABS
+        # /tokenize's chat form adds the generation prompt by default, as vLLM's
+        tokens = post("/tokenize", {"model": "qwen2_chat", "messages": sent}).json()
+        assert tokens["tokens"] == library_ids("qwen2_chat", read, generation=True)
+        # a classifier: Llama's template (bos_token, alternating roles)
+        turns = [{"role": "user", "content": question}, {"role": "assistant", "content": "A server."},
+                 {"role": "user", "content": "And ONNX Runtime?"}]
+        with torch.no_grad():
+            logits = llama(input_ids=torch.tensor([library_ids("llama_chat", turns)])).logits[0].numpy()
+        classified = post("/classify", {"model": "llama_chat", "messages": turns}).json()
+        assert np.abs(np.array(classified["data"][0]["probs"]) - softmax(logits)).max() <= MAX_ABS
+        # what cannot be rendered: 400s that say why
+        refusals = [("/v1/embeddings", {"model": "bert_cls", "messages": turns}, "no longer allowed"),
+                    ("/classify", {"model": "llama_chat", "messages": turns[1:]}, "roles must alternate"),
+                    ("/v1/embeddings", {"model": "qwen2_chat", "messages": [{"role": "user", "content": [
+                        {"type": "image_url", "image_url": {"url": "data:,"}}]}]}, "not a multimodal model"),
+                    ("/v1/embeddings", {"model": "qwen2_chat", "messages": turns, "chat_template": "{{ 1 }}"},
+                     "untrusted chat template"),
+                    ("/v1/embeddings", {"model": "qwen2_chat", "messages": turns, "input": "x"}, "one of input")]
+        for route, body, message in refusals:
+            refused = post(route, body)
+            assert refused.status_code == 400 and message in refused.json()["error"]["message"], refused.text

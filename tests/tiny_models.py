@@ -385,3 +385,32 @@ def build_static(root: Path, layout: str) -> Path:
         (folder / "config.json").write_text(json.dumps({"model_type": "model2vec", "architectures": ["StaticModel"],
                                                         "normalize": True, "hidden_dim": 64, "seq_length": 1000000}))
     return folder
+
+
+# Qwen2's kind of chat template (ChatML: a default system message, role headers, the end of text after the last
+# turn) and Llama 2's (bos_token, roles that must alternate, </s> after answers: the tiny Llama has no eos_token).
+CHAT_TEMPLATES = {
+    "qwen2": ("{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + "
+              "'<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are helpful.<|im_end|>\\n' }}{%- endif %}\n"
+              "{%- for message in messages %}{%- if not (message.role == 'system' and loop.first) %}"
+              "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
+              "{%- endfor %}\n{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- else %}"
+              "{{- eos_token }}{%- endif %}\n"),
+    "llama": ("{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != "
+              "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant') }}"
+              "{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] | trim + ' [/INST]' }}"
+              "{% else %}{{ ' ' + message['content'] | trim + ' </s>' }}{% endif %}{% endfor %}"),
+}
+
+
+def with_chat_template(folder: Path, family: str) -> Path:
+    """A copy of a tiny model folder whose tokenizer has CHAT_TEMPLATES[family] (chat_template.jinja, as
+    transformers 5 saves one); the tiny models have none, since sentence-transformers 6 renders the texts of
+    a model whose tokenizer has one through it."""
+    import shutil
+
+    copy = folder.with_name(folder.name + "-chat")
+    if not (copy / "chat_template.jinja").is_file():
+        shutil.copytree(folder, copy, dirs_exist_ok=True)
+        (copy / "chat_template.jinja").write_text(CHAT_TEMPLATES[family])
+    return copy

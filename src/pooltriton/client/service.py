@@ -22,6 +22,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
+from pooltriton.client.chat import ChatError, render_chat
 from pooltriton.client.coalesce import Coalescer
 from pooltriton.contract import (
     ATTENTION_MASK,
@@ -472,6 +473,27 @@ class PoolingService:
         results = await self._tokenizer_calls(model, batch, (INPUT_IDS, ATTENTION_MASK),
                                               {"mode": TOKENIZE, "add_special_tokens": add_special_tokens})
         return [ids for result in results for ids in protocol.token_lists(result)]
+
+    async def chat(self, messages: Sequence[Any], *, model: str | None = None, add_special_tokens: bool = False,
+                   **template: Any) -> list[int]:
+        """vLLM's chat form: the conversation as `chat_text` renders it, tokenized by the model's tokenizer stage,
+        untruncated, with special tokens only if asked (the template writes them); the ids, to be sent as a
+        pre-tokenised input."""
+        text = await self.chat_text(messages, model=model, **template)
+        return (await self.tokenize(text, model=model, add_special_tokens=add_special_tokens))[0]
+
+    async def chat_text(self, messages: Sequence[Any], *, model: str | None = None, add_generation_prompt: bool = False,
+                        continue_final_message: bool = False,
+                        chat_template_kwargs: dict[str, Any] | None = None) -> str:
+        """The conversation rendered by the model's own chat template (client.chat), as transformers renders it."""
+        info = await self.info(model)
+        try:
+            return render_chat(info.chat_template, info.chat_tokens, list(messages),
+                               add_generation_prompt=add_generation_prompt,
+                               continue_final_message=continue_final_message,
+                               chat_template_kwargs=chat_template_kwargs)
+        except ChatError as error:
+            raise RequestError(str(error), error.param) from None
 
     async def pieces(self, texts: str | Sequence[str], *, model: str | None = None, add_special_tokens: bool = True,
                      prompt_name: str | None = None, with_prompt: bool = True) -> list[protocol.TokenPieces]:

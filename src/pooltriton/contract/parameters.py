@@ -137,6 +137,10 @@ class EnsembleParameters(StageParameters):
     # Other names the model answers to (vLLM's and TEI's --served-model-name); models that share one are told
     # apart by the task a request asks for (BGE-M3's three exports under one name, as vLLM serves it).
     served_names: tuple[str, ...] | None = None
+    # The tokenizer's chat template and the special tokens it reads (bos_token, ...): vLLM's chat-form bodies
+    # (`messages`) are rendered with them (client.chat). None: the model has none, or an older export.
+    chat_template: str | None = None
+    chat_tokens: dict[str, str] | None = None
 
 
 STAGE_PARAMETERS = (TokenizerParameters, EncoderParameters, PoolerParameters, ScorerParameters, PluginParameters,

@@ -114,6 +114,8 @@ class ModelInfo:
     precision: str | None = None
     token_weights: bool = False  # one weight per token, answered [tokens] (False where an export does not say)
     served_names: tuple[str, ...] = ()  # other names it answers to (--served-model-name)
+    chat_template: str | None = None  # its tokenizer's (vLLM's chat-form bodies), and the special tokens it reads
+    chat_tokens: dict[str, str] | None = None
 
     @property
     def per_token(self) -> bool:
@@ -133,7 +135,8 @@ def model_info(name: str, config: dict) -> ModelInfo:
                      max_length=ensemble.max_length, dimensions=ensemble.matryoshka_dimensions or (),
                      use_activation=ensemble.use_activation, prompts=ensemble.prompts or (), width=width,
                      sparse=bool(ensemble.sparse), pooling=ensemble.pooling, precision=ensemble.precision,
-                     token_weights=bool(ensemble.token_weights), served_names=ensemble.served_names or ())
+                     token_weights=bool(ensemble.token_weights), served_names=ensemble.served_names or (),
+                     chat_template=ensemble.chat_template, chat_tokens=ensemble.chat_tokens)
 
 
 def text_array(texts: Sequence[str | bytes], batched: bool) -> np.ndarray:

@@ -42,6 +42,10 @@ class TokenIds:
 
 
 class TextTokenizer:
+    # The library tokenizer's chat template and special tokens, where the export found them (export.tokens)
+    chat_template: str | None = None
+    chat_tokens: dict[str, str] | None = None
+
     def __init__(self, tokenizer_file: str, max_length: int, pad_token_id: int | None = None) -> None:
         self._setup(Path(tokenizer_file).read_text(encoding="utf-8"), max_length, pad_token_id)
 

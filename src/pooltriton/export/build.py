@@ -273,7 +273,8 @@ def _export_model(model_dir: Path, options: ExportOptions) -> dict:
         print(report.table(), file=sys.stderr)
         progress(f"writing model configurations under {out}")
         for model in pipeline_configs(options, config, encoder.input_names, ENCODER_OUTPUT, width,
-                                      tokenizer.pad_token_id, encoder_memory(model_dir, config.pooling_type.sparse)):
+                                      tokenizer.pad_token_id, encoder_memory(model_dir, config.pooling_type.sparse),
+                                      chat=(tokenizer.chat_template, tokenizer.chat_tokens)):
             model.write(staging)
         (staging / names.tokenizer / "1" / "tokenizer.json").write_text(tokenizer.text, encoding="utf-8")
         _write_json(staging / names.encoder / "verification.json", asdict(report))
@@ -485,6 +486,7 @@ def pipeline_configs(
     width: int,
     pad_token_id: int,
     memory: tuple[int, int],  # bytes per token and per attention cell of a row (export.memory)
+    chat: tuple[str | None, dict[str, str] | None] = (None, None),  # chat template and its special tokens
 ) -> list[ModelConfig]:
     """tokenizer -> encoder -> pooler behind one ensemble, and a scorer where the model can score."""
     per_token = config.task.per_token
@@ -502,7 +504,7 @@ def pipeline_configs(
     queue = QueuePolicy(options.queue_size, options.queue_timeout_ms * 1000)
     models = [_tokenizer_config(names.tokenizer, options, config, tensors, pad_token_id, queue),
               _encoder_config(names.encoder, options, config, tensors, pad_token_id, memory, queue),
-              _ensemble_config(names, options, config, tensors)]
+              _ensemble_config(names, options, config, tensors, chat)]
     if not _activates_in_graph(tensors):
         models.insert(2, ModelConfig(name=names.pooler, backend="pooler", max_batch_size=MAX_BATCH_SIZE,
                           inputs=[tensors.pooled] + [Tensor(n, "TYPE_INT64", (-1,)) for n in pooler_extra],
@@ -579,14 +581,15 @@ def _encoder_config(name: str, options: ExportOptions, config: PoolerConfig, ten
     )
 
 
-def _ensemble_config(names: Stages, options: ExportOptions, config: PoolerConfig, tensors: _Tensors) -> ModelConfig:
+def _ensemble_config(names: Stages, options: ExportOptions, config: PoolerConfig, tensors: _Tensors,
+                     chat: tuple[str | None, dict[str, str] | None]) -> ModelConfig:
     parameters = EnsembleParameters(
         task=config.task.value, max_length=config.max_length, labels=tuple(config.labels) if config.labels else None,
         matryoshka_dimensions=tuple(sorted(options.matryoshka_dimensions)) or None,
         use_activation=config.use_activation, prompts=tuple(config.prompts) or None,
         sparse=config.pooling_type.sparse or None, pooling=config.pooling_type.value, precision=options.precision,
         token_weights=(config.task is Task.TOKEN_CLASSIFY and config.token_head is not None) or None,
-        served_names=tuple(options.served_model_names) or None)
+        served_names=tuple(options.served_model_names) or None, chat_template=chat[0], chat_tokens=chat[1])
     encoder_output = tensors.pooled.name
     steps = [EnsembleStep(names.tokenizer, {TEXT: TEXT, TEXT_PAIR: TEXT_PAIR},
                           {n: n for n in (*tensors.token_outputs, PROMPT_TOKENS)})]

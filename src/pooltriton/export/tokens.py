@@ -53,6 +53,7 @@ def served_tokenizer(model_dir: Path, config: PoolerConfig, trust_remote_code: b
         if config.model_type == STATIC_EMBEDDING:  # its library never adds special tokens
             text = json.dumps({**json.loads(text), "post_processor": None})
         tokenizer = TextTokenizer.from_str(text, config.max_length, library.pad_token_id)
+        tokenizer.chat_template, tokenizer.chat_tokens = library.chat_template, library.chat_tokens
         _check_vocabulary(model_dir, library.name, tokenizer)
         _compare(library, tokenizer, config)
     return tokenizer
@@ -115,6 +116,8 @@ class _library:
         self.encode: Library = self._transformers
         self.backend: str | None = None
         self.pad_token_id: int | None = None
+        self.chat_template: str | None = None
+        self.chat_tokens: dict[str, str] | None = None
 
     def __enter__(self) -> _library:
         if (self.model_dir / "modules.json").is_file():
@@ -142,6 +145,7 @@ class _library:
         backend = tokenizer if isinstance(tokenizer, Tokenizer) else getattr(tokenizer, "backend_tokenizer", None)
         self.backend = backend.to_str() if backend is not None else None
         self.pad_token_id = getattr(tokenizer, "pad_token_id", None)  # where the file has no padding section
+        self.chat_template, self.chat_tokens = _chat(tokenizer)
         return self
 
     def _sentence_transformers(self, texts: list[str], pairs: list[str] | None, prompt: str | None):
@@ -165,6 +169,18 @@ class _library:
     def __exit__(self, *_exc) -> None:
         self.model = None
         gc.collect()
+
+
+def _chat(tokenizer: object) -> tuple[str | None, dict[str, str] | None]:
+    """The chat template transformers would apply (named ones: the default, as get_chat_template picks without
+    tools) and the special tokens it passes the template (special_tokens_map: bos_token, ...)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
+    if not isinstance(template, str) or not template:
+        return None, None
+    tokens = getattr(tokenizer, "special_tokens_map", None) or {}
+    return template, {str(k): v for k, v in tokens.items() if isinstance(v, str)}
 
 
 def _rows(made) -> list[tuple[list[int], list[int] | None]]:

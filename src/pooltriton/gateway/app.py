@@ -150,11 +150,21 @@ async def list_models(request: Request):
         for name, models in service.names.items()]}
 
 
+async def _inputs(body: EmbeddingRequest | ClassifyRequest | PoolingRequest, serving: Serving, service: PoolingService,
+                  model: str) -> tuple[list[str], dict[str, Any]]:
+    """A body's texts (or pre-tokenised rows) for the service: its `input`, or vLLM's chat form, the conversation
+    rendered by the model's template and tokenized as one pre-tokenised input."""
+    if body.messages is None:
+        return encode_inputs(body.input)
+    ids = await serving(service.chat(body.messages, model=model, **body.chat()))
+    return [json.dumps(ids)], {"input_format": "token_ids"}
+
+
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request):
     serving, service = _serving(request)
     model = await serving.model(body.model, "embed")
-    texts, input_format = encode_inputs(body.input)
+    texts, input_format = await _inputs(body, serving, service, model.name)
     pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **body.parameters(),
                                           dimensions=body.dimensions, **input_format))
     vectors = np.ascontiguousarray(pooled.values, dtype=np.float32)
@@ -447,7 +457,7 @@ async def tei_predict(body: TEIPredictRequest, request: Request):
 async def classify(body: ClassifyRequest, request: Request):
     serving, service = _serving(request)
     model = await serving.model(body.model, "classify")
-    texts, input_format = encode_inputs(body.input)
+    texts, input_format = await _inputs(body, serving, service, model.name)
     pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **body.parameters(),
                                           **input_format))
     data = [{"index": i, "label": model.labels[int(p.argmax())] if model.labels else int(p.argmax()),
@@ -533,7 +543,7 @@ for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
 async def pooling(body: PoolingRequest, request: Request):
     serving, service = _serving(request)
     model = await serving.model(body.model, body.task, POOLING_ROUTE)
-    texts, input_format = encode_inputs(body.input)
+    texts, input_format = await _inputs(body, serving, service, model.name)
     pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **body.parameters(),
                                           **input_format))
     header = {"id": f"pool-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model or model.name}
@@ -597,17 +607,22 @@ async def tokenize(body: TokenizeRequest, request: Request):
     if body.inputs is not None:
         if not body.inputs or "" in ([body.inputs] if isinstance(body.inputs, str) else body.inputs):
             raise APIError(400, "`inputs` cannot be empty", "inputs", kind="Empty")  # TEI tokenizes no empty text
-        pieces = await serving(service.pieces(body.inputs, model=model.name, add_special_tokens=body.add_special_tokens,
+        pieces = await serving(service.pieces(body.inputs, model=model.name, add_special_tokens=body.special_tokens,
                                               prompt_name=body.prompt_name))
         return JSON([tei_tokens(text) for text in pieces])
+    prompt = body.prompt or ""
+    if body.messages is not None:  # vLLM's chat form: the conversation as the model's template writes it
+        options = body.chat()
+        options.pop("add_special_tokens")
+        prompt = await serving(service.chat_text(body.messages, model=model.name, **options))
     if body.return_token_strs:
-        (pieces,) = await serving(service.pieces(body.prompt or "", model=model.name, with_prompt=False,
-                                                 add_special_tokens=body.add_special_tokens),
+        (pieces,) = await serving(service.pieces(prompt, model=model.name, with_prompt=False,
+                                                 add_special_tokens=body.special_tokens),
                                   fields={"inputs": "prompt"})
         ids, strings = pieces.ids, pieces.tokens
     else:
-        ids = (await serving(service.tokenize(body.prompt or "", model=model.name,
-                                              add_special_tokens=body.add_special_tokens)))[0]
+        ids = (await serving(service.tokenize(prompt, model=model.name,
+                                              add_special_tokens=body.special_tokens)))[0]
         strings = None
     return {"tokens": ids, "count": len(ids), "max_model_len": model.max_length, "token_strs": strings}
 

@@ -45,7 +45,8 @@ class Options(BaseModel):
     truncate_prompt_tokens: int | None = Field(None, ge=-1, le=1_000_000)
     truncation_side: Literal["left", "right"] | None = None
     use_activation: bool | None = None
-    add_special_tokens: bool = True  # vLLM's; false is refused, the stages always add them
+    # vLLM's; false is refused for text (the stages add them), the default of the chat form (ChatForm)
+    add_special_tokens: bool | None = None
     priority: int = Field(0, ge=-1000, le=1000)
     user: str | None = None
     # Older vLLM's names for use_activation that a route's bodies declare (embeddings: normalize; classifiers:
@@ -55,7 +56,7 @@ class Options(BaseModel):
 
     @model_validator(mode="after")
     def _legacy(self) -> Options:
-        if not self.add_special_tokens:
+        if self.add_special_tokens is False and getattr(self, "messages", None) is None:
             raise ValueError("add_special_tokens false is not supported for pooling: the model reads its "
                              "special tokens")
         if self.use_activation is None:
@@ -74,6 +75,40 @@ class Options(BaseModel):
         if self.use_activation is not None:
             parameters["use_activation"] = self.use_activation
         return parameters
+
+
+UNTRUSTED_TEMPLATE = ("Chat template is passed with request, but this server does not take chat templates from "
+                      "requests (vLLM's --trust-request-chat-template): the model's own is used. Refused request "
+                      "with untrusted chat template.")
+
+
+class ChatForm(BaseModel):
+    """vLLM's chat form of a body: `messages` in place of `input`, rendered by the model's own chat template and
+    tokenized without special tokens unless `add_special_tokens` (PoolingService.chat)."""
+
+    messages: list[dict[str, Any]] | None = Field(None, max_length=10_000)
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    chat_template: str | None = None  # refused: a template is code the server would run
+    chat_template_kwargs: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None  # accepted and unused: these models read text only
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ChatForm:
+        if self.chat_template is not None:
+            raise ValueError(UNTRUSTED_TEMPLATE)
+        if (getattr(self, self.TEXT_FIELD, None) is None) == (self.messages is None):
+            raise ValueError(f"send one of {self.TEXT_FIELD} and messages (vLLM's chat form)")
+        return self
+
+    TEXT_FIELD: ClassVar[str] = "input"
+
+    def chat(self) -> dict[str, Any]:
+        """PoolingService.chat's options."""
+        return {"add_special_tokens": bool(getattr(self, "add_special_tokens", None)),
+                "add_generation_prompt": self.add_generation_prompt,
+                "continue_final_message": self.continue_final_message,
+                "chat_template_kwargs": self.chat_template_kwargs}
 
 
 class EmbedAliases(Options):
@@ -100,8 +135,8 @@ class Encoding(BaseModel):
     endianness: Literal["native", "big", "little"] = "native"
 
 
-class EmbeddingRequest(EmbedAliases, Encoding):
-    input: str | list[str] | list[int] | list[list[int]]
+class EmbeddingRequest(EmbedAliases, Encoding, ChatForm):
+    input: str | list[str] | list[int] | list[list[int]] | None = None
     dimensions: int | None = Field(None, gt=0)
     # One of the model's sentence-transformers prompts (text-embeddings-inference's name).
     prompt_name: str | None = Field(None, max_length=200)
@@ -171,8 +206,8 @@ class CohereEmbedV1Request(CohereEmbedRequest):
     embedding_types: list[CohereType] | None = None  # type: ignore[assignment]
 
 
-class ClassifyRequest(ClassifyAliases):
-    input: str | list[str] | list[int] | list[list[int]]
+class ClassifyRequest(ClassifyAliases, ChatForm):
+    input: str | list[str] | list[int] | list[list[int]] | None = None
 
 
 class Cuts(ClassifyAliases):
@@ -268,9 +303,9 @@ class RerankRequest(Cuts):
         return {**options.parameters(), "use_activation": not self.raw_scores, **self.cuts()}
 
 
-class PoolingRequest(EmbedAliases, ClassifyAliases, Encoding):
+class PoolingRequest(EmbedAliases, ClassifyAliases, Encoding, ChatForm):
     ACTIVATION_ALIASES: ClassVar[tuple[str, ...]] = ("normalize", "softmax", "activation")  # any task
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[str] | list[int] | list[list[int]] | None = None
     # vLLM's: the task the caller expects of the model (refused with 400 where the model serves another).
     task: Literal["embed", "classify", "token_embed", "token_classify"] | None = None
     dimensions: int | None = None  # vLLM's /pooling refuses it (400): /v1/embeddings cuts
@@ -406,16 +441,35 @@ class TokenizeRequest(BaseModel):
 
     model: str | None = None
     prompt: str | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None  # vLLM's default: true for a prompt, false for messages
     return_token_strs: bool = False  # vLLM's: each token's string in the vocabulary too
     inputs: str | list[str] | None = None
     prompt_name: str | None = Field(None, max_length=200)
+    # vLLM's chat form (ChatForm's fields; a generation prompt by default here, as vLLM's /tokenize)
+    messages: list[dict[str, Any]] | None = Field(None, max_length=10_000)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None  # passed to the template, as vLLM's /tokenize passes them
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
-        if (self.prompt is None) == (self.inputs is None):
-            raise ValueError("send one of prompt (vLLM's) and inputs (text-embeddings-inference's)")
+        if self.chat_template is not None:
+            raise ValueError(UNTRUSTED_TEMPLATE)
+        if sum(field is not None for field in (self.prompt, self.inputs, self.messages)) != 1:
+            raise ValueError("send one of prompt (vLLM's), messages (its chat form) and inputs "
+                             "(text-embeddings-inference's)")
         return self
+
+    @property
+    def special_tokens(self) -> bool:
+        return self.add_special_tokens if self.add_special_tokens is not None else self.messages is None
+
+    def chat(self) -> dict[str, Any]:
+        chat_kwargs = {**(self.chat_template_kwargs or {}), **({"tools": self.tools} if self.tools else {})}
+        return {"add_special_tokens": self.special_tokens, "add_generation_prompt": self.add_generation_prompt,
+                "continue_final_message": self.continue_final_message, "chat_template_kwargs": chat_kwargs or None}
 
 
 class DetokenizeRequest(BaseModel):

@@ -1,0 +1,86 @@
+"""vLLM's chat-form bodies render a conversation as transformers' `apply_chat_template(..., tokenize=False)`
+does (unit level: the served path is in tests/test_tasks.py), on templates of the kinds the hub has."""
+
+from __future__ import annotations
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from pooltriton.client.chat import NO_TEMPLATE, ChatError, render_chat
+
+CHATML = (  # Qwen2's: a default system message, role headers, a generation prompt
+    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}\n"
+    "{%- for message in messages %}{%- if not (message.role == 'system' and loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}{%- endif %}{%- endfor %}\n"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}\n")
+ALTERNATING = (  # Mistral's kind: bos_token, raise_exception on roles out of turn, eos after answers
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% else %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}")
+PARTS = (  # a template that reads content as a list of parts (vLLM's "openai" format), namespace, break, tojson
+    "{% set ns = namespace(count=0) %}{% for message in messages %}{{ message['role'] }}:"
+    "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% set ns.count = ns.count + 1 %}{% if ns.count > 5 %}{% break %}{% endif %}{% endfor %}\n{% endfor %}"
+    "{{ {'n': ns.count, 'ü': 1} | tojson }}{% generation %}{% if add_generation_prompt %}>{% endif %}"
+    "{% endgeneration %}")
+CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is Triton?"},
+                {"role": "assistant", "content": "A server."}, {"role": "user", "content": "And ONNX? "}]
+
+
+def _tokenizer(template: str) -> PreTrainedTokenizerFast:
+    plain = Tokenizer(models.WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2}, unk_token="<unk>"))
+    plain.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=plain, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def _as_parts(messages: list[dict]) -> list[dict]:
+    return [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in messages]
+
+
+@pytest.mark.parametrize(("template", "messages"), [
+    (CHATML, CONVERSATION), (CHATML, CONVERSATION[1:]), (ALTERNATING, CONVERSATION[1:]), (PARTS, CONVERSATION)])
+@pytest.mark.parametrize(("generation", "continued"), [(False, False), (True, False), (False, True)])
+def test_a_conversation_renders_as_transformers_renders_it(template, messages, generation, continued) -> None:
+    tokenizer = _tokenizer(template)
+    # what vLLM hands transformers: a parts-reading template gets parts, another the text
+    given = _as_parts(messages) if template is PARTS else messages
+    expected = tokenizer.apply_chat_template(given, tokenize=False, add_generation_prompt=generation,
+                                             continue_final_message=continued)
+    got = render_chat(template, tokenizer.special_tokens_map, messages, add_generation_prompt=generation,
+                      continue_final_message=continued)
+    assert got == expected
+    # a list of text parts is read as vLLM reads it: joined by new lines for a template that reads strings
+    parted = [*messages[:-1], {"role": "user", "content": [{"type": "text", "text": "And"},
+                                                           {"type": "input_text", "text": "ONNX?"}]}]
+    joined = [*given[:-1], {"role": "user", "content": "And\nONNX?"}] if template is not PARTS else \
+        [*given[:-1], {"role": "user", "content": [{"type": "text", "text": "And"}, {"type": "text", "text": "ONNX?"}]}]
+    assert render_chat(template, tokenizer.special_tokens_map, parted, add_generation_prompt=generation) == \
+        tokenizer.apply_chat_template(joined, tokenize=False, add_generation_prompt=generation)
+
+
+def test_what_cannot_be_rendered_is_a_chat_error_naming_why() -> None:
+    tokens = _tokenizer(CHATML).special_tokens_map
+    with pytest.raises(ChatError, match="default chat template is no longer allowed") as refused:
+        render_chat(None, tokens, CONVERSATION)
+    assert str(refused.value) == NO_TEMPLATE
+    with pytest.raises(ChatError, match="Cannot set both"):
+        render_chat(CHATML, tokens, CONVERSATION, add_generation_prompt=True, continue_final_message=True)
+    with pytest.raises(ChatError, match="not a multimodal model"):
+        render_chat(CHATML, tokens, [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+    with pytest.raises(ChatError, match="roles must alternate"):  # the template's own raise_exception
+        render_chat(ALTERNATING, tokens, [{"role": "assistant", "content": "hi"}])
+    with pytest.raises(ChatError, match="messages is empty"):
+        render_chat(CHATML, tokens, [])
+    with pytest.raises(ChatError, match="cannot set chat_template"):
+        render_chat(CHATML, tokens, CONVERSATION, chat_template_kwargs={"chat_template": "{{ 1 }}"})
+    with pytest.raises(ChatError, match="does not compile"):
+        render_chat("{% for %}", tokens, CONVERSATION)
+    # the sandbox: no way out to Python's internals
+    with pytest.raises(ChatError):
+        render_chat("{{ ''.__class__.__mro__ }}{% set ns = namespace() %}{% set ns._x = 1 %}", tokens, CONVERSATION)
