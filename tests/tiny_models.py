@@ -405,8 +405,7 @@ CHAT_TEMPLATES = {
 
 def with_chat_template(folder: Path, family: str) -> Path:
     """A copy of a tiny model folder whose tokenizer has CHAT_TEMPLATES[family] (chat_template.jinja, as
-    transformers 5 saves one); the tiny models have none, since sentence-transformers 6 renders the texts of
-    a model whose tokenizer has one through it."""
+    transformers 5 saves one; the folder's tokenizer_config.json has none, and that file takes precedence)."""
     import shutil
 
     copy = folder.with_name(folder.name + "-chat")
