@@ -289,12 +289,16 @@ def test_static_embeddings_are_served_as_sentence_transformers_encodes(served, m
 
     folder = build_static(modern_root, layout)
     model = SentenceTransformer(str(folder), device="cpu")
-    texts = [*TEXTS, " ".join(varied_texts(40, seed=9, max_words=40)), "a"]
+    # a text of white space has no tokens at all: the library's mean of nothing is a zero vector
+    texts = [*TEXTS, "  \t ", " ".join(varied_texts(40, seed=9, max_words=40)), "a"]
     expected = model.encode(texts, batch_size=1)
     got = served.embed(texts, model=f"static_{layout}")
     assert got.shape == expected.shape == (len(texts), 64)
     assert np.abs(got - expected).max() <= MAX_ABS, float(np.abs(got - expected).max())
-    assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5) == (layout != "retrieval")
+    assert not expected[len(TEXTS)].any() and not got[len(TEXTS)].any()
+    assert np.allclose(np.delete(np.linalg.norm(got, axis=1), len(TEXTS)), 1, atol=1e-5) == (layout != "retrieval")
+    only_space = served.embed(["  \t "], model=f"static_{layout}")  # a request of it alone
+    assert only_space.shape == (1, 64) and not only_space.any()
     # Not trivially so: with the [CLS] and [SEP] its tokenizer.json's post-processor adds, the means differ.
     module = folder / ("0_StaticEmbedding" if layout == "retrieval" else "")
     tokenizer = Tokenizer.from_file(str(module / "tokenizer.json"))

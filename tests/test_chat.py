@@ -81,6 +81,30 @@ def test_what_cannot_be_rendered_is_a_chat_error_naming_why() -> None:
         render_chat(CHATML, tokens, CONVERSATION, chat_template_kwargs={"chat_template": "{{ 1 }}"})
     with pytest.raises(ChatError, match="does not compile"):
         render_chat("{% for %}", tokens, CONVERSATION)
+    with pytest.raises(ChatError, match="ZeroDivisionError"):  # any failure of the template's own: a 400
+        render_chat("{{ 1 / 0 }}", tokens, CONVERSATION)
     # the sandbox: no way out to Python's internals
-    with pytest.raises(ChatError):
-        render_chat("{{ ''.__class__.__mro__ }}{% set ns = namespace() %}{% set ns._x = 1 %}", tokens, CONVERSATION)
+    with pytest.raises(ChatError, match="unsafe"):
+        render_chat("{{ ''.__class__.__mro__ }}", tokens, CONVERSATION)
+    with pytest.raises(ChatError, match="cannot store '_x'"):
+        render_chat("{% set ns = namespace() %}{% set ns._x = 1 %}", tokens, CONVERSATION)
+
+
+# Loops that read a message's content as parts (vLLM's "openai" format), and loops over other things' content
+READS_PARTS = ["{% for m in messages %}{% for p in m['content'] %}{{ p.text }}{% endfor %}{% endfor %}",
+               "{% for m in messages[-1:] %}{% for p in m.content | list %}{{ p.text }}{% endfor %}{% endfor %}",
+               "{% set last = messages[-1] %}{% for p in last['content'] %}{{ p['text'] }}{% endfor %}",
+               "{% for m in messages %}{% set c = m['content'] %}{% for p in c %}{{ p.text }}{% endfor %}{% endfor %}"]
+READS_TEXT = ["{% for m in messages %}{{ m['content'] }}{% endfor %}",
+              "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}{% for t in tools %}"
+              "{% for x in t.content %}{{ x }}{% endfor %}{% endfor %}{% endif %}"]
+
+
+@pytest.mark.parametrize(("template", "parts"), [*((t, True) for t in READS_PARTS),
+                                                 *((t, False) for t in READS_TEXT)])
+def test_a_template_gets_content_in_the_form_it_reads(template, parts) -> None:
+    """vLLM's detection: parts for a loop over a message's content, a string otherwise (a bare string in a
+    list of parts is a text part too)."""
+    messages = [{"role": "user", "content": ["one", {"type": "text", "text": "two"}]}]
+    got = render_chat(template, {}, messages)
+    assert got == ("onetwo" if parts else "one\ntwo"), got

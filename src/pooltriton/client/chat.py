@@ -25,7 +25,8 @@ TEXT_PARTS = ("text", "input_text", "output_text", "refusal", "thinking")
 REASONING = ("reasoning_content", "thinking", "reasoning")  # transformers' names for a message's reasoning
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' mark of where the final message's text ends
 NO_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat "
-               "template if the tokenizer does not define one.")
+               "template if the tokenizer does not define one. (This model's tokenizer has none, or it was exported "
+               "before pooltriton carried chat templates: export it again.)")
 
 
 class ChatError(ValueError):
@@ -101,16 +102,47 @@ def _compiled(template: str) -> tuple[jinja2.Template, bool]:
         compiled = environment.from_string(template)
     except jinja2.exceptions.TemplateError as error:
         raise ChatError(f"the model's chat template does not compile: {error}") from None
-    parts = any(_reads_content(node.iter) for node in parsed.find_all(jinja2.nodes.For))
-    return compiled, parts
+    return compiled, _loops_over_content(parsed)
 
 
-def _reads_content(node: jinja2.nodes.Node) -> bool:
-    if isinstance(node, jinja2.nodes.Getitem):
-        return isinstance(node.arg, jinja2.nodes.Const) and node.arg.value == "content"
-    if isinstance(node, jinja2.nodes.Getattr):
-        return node.attr == "content"
-    return isinstance(node, jinja2.nodes.Filter) and node.node is not None and _reads_content(node.node)
+def _loops_over_content(template: jinja2.nodes.Template) -> bool:
+    """vLLM's content-format detection: a loop over a message's `content` (a message being a loop variable over
+    `messages`, or a name set from one of them; the content read directly or through a name set from it)."""
+    def base(node: jinja2.nodes.Node) -> jinja2.nodes.Node:  # through filters, slices and tests
+        while (isinstance(node, jinja2.nodes.Filter | jinja2.nodes.Test) and node.node is not None) or \
+                (isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice)):
+            node = node.node
+        return node
+
+    def named(node: jinja2.nodes.Node, names: set[str]) -> bool:
+        node = base(node)
+        return isinstance(node, jinja2.nodes.Name) and node.name in names
+
+    def content_of(node: jinja2.nodes.Node, messages: set[str]) -> bool:
+        node = base(node)
+        if isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Const):
+            return node.arg.value == "content" and named(node.node, messages)
+        return isinstance(node, jinja2.nodes.Getattr) and node.attr == "content" and named(node.node, messages)
+
+    def item_of(node: jinja2.nodes.Node, names: set[str]) -> bool:  # messages[i], messages[-1], ...
+        node = base(node)
+        return isinstance(node, jinja2.nodes.Getitem) and named(node.node, names)
+
+    messages, lists = set(), {"messages"}
+    for _ in range(3):  # names set from names set from `messages`
+        for assign in template.find_all(jinja2.nodes.Assign):
+            if isinstance(assign.target, jinja2.nodes.Name):
+                if named(assign.node, lists):
+                    lists.add(assign.target.name)
+                elif item_of(assign.node, lists):
+                    messages.add(assign.target.name)
+        for loop in template.find_all(jinja2.nodes.For):
+            if isinstance(loop.target, jinja2.nodes.Name) and named(loop.iter, lists):
+                messages.add(loop.target.name)
+    contents = {assign.target.name for assign in template.find_all(jinja2.nodes.Assign)
+                if isinstance(assign.target, jinja2.nodes.Name) and content_of(assign.node, messages)}
+    return any(content_of(loop.iter, messages) or named(loop.iter, contents)
+               for loop in template.find_all(jinja2.nodes.For))
 
 
 def _message(index: int, message: Any, parts: bool) -> dict[str, Any]:
@@ -122,6 +154,8 @@ def _message(index: int, message: Any, parts: bool) -> dict[str, Any]:
     elif isinstance(content, list):
         texts = []
         for number, part in enumerate(content):
+            if isinstance(part, str):  # vLLM reads a bare string in the list as a text part
+                part = {"type": "text", "text": part}
             kind = part.get("type") if isinstance(part, dict) else None
             if kind not in TEXT_PARTS:
                 raise ChatError(f"messages[{index}].content[{number}] is of type {kind!r}: this model is not a "
@@ -166,8 +200,9 @@ def render_chat(template: str | None, special_tokens: dict[str, str] | None, mes
                                   "messages": conversation, "add_generation_prompt": add_generation_prompt})
     except jinja2.exceptions.TemplateError as error:
         raise ChatError(f"the model's chat template refused the conversation: {error}") from None
-    except (TypeError, ValueError, KeyError, AttributeError) as error:  # a template's own slip on odd input
-        raise ChatError(f"the model's chat template could not render the conversation: {error}") from None
+    except Exception as error:  # the template's own failure on this input: a 400, as vLLM answers it
+        raise ChatError(f"the model's chat template could not render the conversation "
+                        f"({type(error).__name__}: {error})") from None
     if final is None:
         return text
     # transformers' continue_final_message: the text cut where the final message's content ends

@@ -22,7 +22,6 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
-from pooltriton.client.chat import ChatError, render_chat
 from pooltriton.client.coalesce import Coalescer
 from pooltriton.contract import (
     ATTENTION_MASK,
@@ -485,13 +484,16 @@ class PoolingService:
     async def chat_text(self, messages: Sequence[Any], *, model: str | None = None, add_generation_prompt: bool = False,
                         continue_final_message: bool = False,
                         chat_template_kwargs: dict[str, Any] | None = None) -> str:
-        """The conversation rendered by the model's own chat template (client.chat), as transformers renders it."""
+        """The conversation rendered by the model's own chat template (client.chat), as transformers renders it,
+        off the event loop (a template is arbitrary work)."""
+        from pooltriton.client.chat import ChatError, render_chat  # jinja2 only where chat bodies come
+
         info = await self.info(model)
         try:
-            return render_chat(info.chat_template, info.chat_tokens, list(messages),
-                               add_generation_prompt=add_generation_prompt,
-                               continue_final_message=continue_final_message,
-                               chat_template_kwargs=chat_template_kwargs)
+            return await asyncio.to_thread(render_chat, info.chat_template, info.chat_tokens, list(messages),
+                                           add_generation_prompt=add_generation_prompt,
+                                           continue_final_message=continue_final_message,
+                                           chat_template_kwargs=chat_template_kwargs)
         except ChatError as error:
             raise RequestError(str(error), error.param) from None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -115,7 +115,7 @@ class ModelInfo:
     token_weights: bool = False  # one weight per token, answered [tokens] (False where an export does not say)
     served_names: tuple[str, ...] = ()  # other names it answers to (--served-model-name)
     chat_template: str | None = None  # its tokenizer's (vLLM's chat-form bodies), and the special tokens it reads
-    chat_tokens: dict[str, str] | None = None
+    chat_tokens: dict[str, str] | None = field(default=None, compare=False, hash=False)  # (infos stay hashable)
 
     @property
     def per_token(self) -> bool:

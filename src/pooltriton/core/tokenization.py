@@ -201,7 +201,8 @@ class TextTokenizer:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Right-pad to the longest text, or up to the next bucket length when buckets are given."""
         lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
-        width = int(lengths.max())
+        # at least one position: a text may have no tokens (a StaticEmbedding's white space: a zero vector)
+        width = max(int(lengths.max()), 1)
         if buckets:
             width = next((b for b in buckets if b >= width), width)
         ids = np.full((len(encodings), width), self.pad_token_id, dtype=np.int64)

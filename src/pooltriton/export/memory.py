@@ -32,8 +32,8 @@ def encoder_memory(model_dir: Path, vocabulary_logits: bool = False) -> tuple[in
     from pooltriton.core.resolve import STATIC_EMBEDDING, model_config
 
     described = model_config(Path(model_dir)) or {}
-    if described.get("model_type") == STATIC_EMBEDDING:  # a table lookup: its vectors and their padded sum
-        return FLOAT * HIDDEN_COPIES * int(described["hidden_size"]), FLOAT
+    if described.get("model_type") == STATIC_EMBEDDING:  # a table lookup: its vectors and their sum, no attention
+        return FLOAT * HIDDEN_COPIES * int(described["hidden_size"]), 0
     config = AutoConfig.from_pretrained(model_dir)
     config = getattr(config, "text_config", None) or config
     hidden = int(config.hidden_size)

@@ -99,6 +99,8 @@ class ChatForm(BaseModel):
             raise ValueError(UNTRUSTED_TEMPLATE)
         if (getattr(self, self.TEXT_FIELD, None) is None) == (self.messages is None):
             raise ValueError(f"send one of {self.TEXT_FIELD} and messages (vLLM's chat form)")
+        if self.messages is not None and getattr(self, "prompt_name", None) is not None:
+            raise ValueError("prompt_name applies to `input`: a chat template formats `messages`")
         return self
 
     TEXT_FIELD: ClassVar[str] = "input"
