@@ -108,3 +108,42 @@ def test_a_template_gets_content_in_the_form_it_reads(template, parts) -> None:
     messages = [{"role": "user", "content": ["one", {"type": "text", "text": "two"}]}]
     got = render_chat(template, {}, messages)
     assert got == ("onetwo" if parts else "one\ntwo"), got
+
+
+TOOLS = (  # a tool-using template: calls' arguments read as objects, tool results, names, reasoning
+    "{% for m in messages %}{{ m.role }}:{{ m.content }}"
+    "{% if m.tool_calls is defined %}{% for c in m.tool_calls %}<call {{ c.id }}>{{ c.function.name }} "
+    "{{ c.function.arguments | tojson }}{% for k, v in c.function.arguments.items() %}[{{ k }}={{ v }}]{% endfor %}"
+    "</call>{% endfor %}{% endif %}{% if m.tool_call_id %}#{{ m.tool_call_id }}{% endif %}"
+    "{% if m.name %}@{{ m.name }}{% endif %}{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>"
+    "{% endif %}{% if m.extra is defined %}EXTRA{% endif %}\n{% endfor %}")
+
+
+def test_tool_calls_reach_the_template_as_vllm_hands_them() -> None:
+    """vLLM's conversation messages: only its keys, an assistant's tool-call arguments parsed from JSON into objects
+    ({} when absent, empty or not a JSON object), an empty tool_calls dropped, reasoning under both names."""
+    sent = [{"role": "user", "content": "Weather?", "extra": 1, "name": "ann"},
+            {"role": "assistant", "content": None, "reasoning": "look it up", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get", "arguments": '{"city": "Paris"}'}},
+                {"id": "c2", "type": "function", "function": {"name": "now", "arguments": ""}},
+                {"id": "c3", "function": {"name": "bad", "arguments": "not json"}},
+                {"id": "c4", "function": {"name": "list", "arguments": "[1]"}}]},
+            {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+            {"role": "assistant", "content": "Sunny.", "tool_calls": []}]
+    handed = [{"role": "user", "content": "Weather?", "name": "ann"},
+              {"role": "assistant", "content": "", "reasoning": "look it up", "reasoning_content": "look it up",
+               "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {"name": "get", "arguments": {"city": "Paris"}}},
+                   {"id": "c2", "type": "function", "function": {"name": "now", "arguments": {}}},
+                   {"id": "c3", "function": {"name": "bad", "arguments": {}}},
+                   {"id": "c4", "function": {"name": "list", "arguments": {}}}]},
+              {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+              {"role": "assistant", "content": "Sunny."}]
+    tokenizer = _tokenizer(TOOLS)
+    got = render_chat(TOOLS, tokenizer.special_tokens_map, sent)
+    assert got == tokenizer.apply_chat_template(handed, tokenize=False)
+    assert '<call c1>get {"city": "Paris"}[city=Paris]</call>' in got and "EXTRA" not in got
+    assert sent[1]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'  # the caller's body is untouched
+    for calls in ([1], [{"type": "code", "function": {"name": "x"}}], [{"id": "c"}], "c1"):
+        with pytest.raises(ChatError, match="tool_calls"):
+            render_chat(TOOLS, {}, [{"role": "assistant", "content": "", "tool_calls": calls}])

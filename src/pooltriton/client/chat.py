@@ -166,13 +166,51 @@ def _message(index: int, message: Any, parts: bool) -> dict[str, Any]:
             texts.append(text)
     else:
         raise ChatError(f"messages[{index}].content must be a string or a list of parts")
-    # transformers drops keys whose value is None (templates handle a missing key, not a None one)
-    rendered = {key: value for key, value in message.items() if value is not None}
-    rendered["content"] = [{"type": "text", "text": text} for text in texts] if parts else "\n".join(texts)
+    # vLLM's conversation message: these keys only (others are dropped), reasoning under both of its names
+    rendered: dict[str, Any] = {"role": message["role"],
+                                "content": [{"type": "text", "text": text} for text in texts] if parts
+                                else "\n".join(texts)}
+    role = message["role"]
+    if role == "assistant":
+        if message.get("tool_calls") is not None:
+            calls = _tool_calls(index, message["tool_calls"])
+            if calls:  # an empty list is dropped: the template takes its plain assistant path
+                rendered["tool_calls"] = calls
+        if message.get("reasoning") is not None:
+            rendered["reasoning"] = rendered["reasoning_content"] = message["reasoning"]
+    elif role == "tool" and message.get("tool_call_id") is not None:
+        rendered["tool_call_id"] = message["tool_call_id"]
+    if isinstance(message.get("name"), str):
+        rendered["name"] = message["name"]
+    if role == "developer" and message.get("tools") is not None:
+        rendered["tools"] = message["tools"]
     reasoning = next((rendered[key] for key in REASONING if rendered.get(key) is not None), None)
     if reasoning is not None:  # transformers' aliases: templates read reasoning_content, gpt-oss's thinking
         rendered = {"thinking": reasoning, **rendered, "reasoning_content": reasoning}
     return rendered
+
+
+def _tool_calls(index: int, calls: Any) -> list[dict[str, Any]]:
+    """An assistant's tool calls as vLLM hands them to the template: function calls whose `arguments` (JSON text
+    in OpenAI's format) are parsed into an object; arguments that are absent, empty, not JSON or not an object
+    become {} (vLLM's coercion, so that one bad call in the history does not fail every later turn)."""
+    if not isinstance(calls, list):
+        raise ChatError(f"messages[{index}].tool_calls must be a list of tool calls")
+    parsed = []
+    for number, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(call, dict) or call.get("type", "function") != "function" or not isinstance(function, dict):
+            raise ChatError(f"messages[{index}].tool_calls[{number}] must be an object of type 'function' with a "
+                            "`function` object")
+        arguments = function.get("arguments")
+        if isinstance(arguments, str) and arguments:
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                arguments = None
+        parsed.append({**call, "function": {**function,
+                                            "arguments": arguments if isinstance(arguments, dict) else {}}})
+    return parsed
 
 
 def render_chat(template: str | None, special_tokens: dict[str, str] | None, messages: list[Any], *,
