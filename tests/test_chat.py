@@ -75,6 +75,9 @@ def test_what_cannot_be_rendered_is_a_chat_error_naming_why() -> None:
         render_chat(CHATML, tokens, [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
     with pytest.raises(ChatError, match="roles must alternate"):  # the template's own raise_exception
         render_chat(ALTERNATING, tokens, [{"role": "assistant", "content": "hi"}])
+    with pytest.raises(ChatError, match="not an accepted field"):  # transformers': the template must read content
+        render_chat("{% for m in messages %}{{ m.role }}{% endfor %}", tokens, CONVERSATION,
+                    continue_final_message=True)
     with pytest.raises(ChatError, match="messages is empty"):
         render_chat(CHATML, tokens, [])
     with pytest.raises(ChatError, match="cannot set chat_template"):

@@ -225,6 +225,9 @@ def render_chat(template: str | None, special_tokens: dict[str, str] | None, mes
                         "continue_final_message")
     if not messages:
         raise ChatError("messages is empty: send at least one message")
+    if continue_final_message and "content" not in template:  # transformers' check: the template must read it
+        raise ChatError('continue_final_message is set to "content" but this is not an accepted field in the '
+                        "chat_template", "continue_final_message")
     extra = dict(chat_template_kwargs or {})
     refused = sorted(set(extra) & {"chat_template", "tokenize"})
     if refused:
