@@ -44,9 +44,9 @@ class TritonPythonModel(EncoderShim):
         """Run a small batch before the first request, as Triton's model_warmup would for libtorch.
 
         TorchScript profiles and then optimises a module on its first calls, so the first request paid
-        for that. Measured on this stand-in (AMX host, gpt2 encoders, 2 intra-op threads): about one first
-        call in ten after a server start gave the first half of its batch off by up to 2e-4 from the
-        same module run on the same feeds in a fresh process; every later call was bitwise that run.
+        for that. Measured on this stand-in (AMX host, gpt2 encoders, 2 intra-op threads): 2 of 39 first
+        calls after a server start gave the first half of their batch off by up to 2e-4 from the same
+        module run on the same feeds in a fresh process; every later call was bitwise that run.
         """
         rows, width = WARMUP_SHAPE
         feeds = {name: np.zeros((rows, 1 if name in self.row_inputs else width), dtype=np.int64)
