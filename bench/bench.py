@@ -330,8 +330,9 @@ def _overload_figures(outcomes: list[tuple[str, float]]) -> dict:
     """Counts and times of (answered / refused / other, seconds) outcomes."""
     answered = [t for kind, t in outcomes if kind == "answered"]
     refused = [t for kind, t in outcomes if kind == "refused"]
-    return {"requests": len(outcomes), "answered": len(answered), "refused": len(refused),
-            "other": len(outcomes) - len(answered) - len(refused),
+    expired = sum(kind == "expired" for kind, _ in outcomes)  # admitted, then dropped by a queue timeout
+    return {"requests": len(outcomes), "answered": len(answered), "refused": len(refused), "expired": expired,
+            "other": len(outcomes) - len(answered) - len(refused) - expired,
             "refusal_p99_ms": 1000 * float(np.percentile(refused, 99)) if refused else None,
             "answer_p99_s": float(np.percentile(answered, 99)) if answered else None,
             "answer_max_s": max(answered, default=None)}
@@ -341,7 +342,7 @@ async def overload_grpc(grpc_url: str, texts: list[str], model: str, clients: in
                         batch: int = 32, warm_up: int = 12) -> dict:
     """The same overload from raw tritonclient gRPC callers (no gateway, no pooltriton client): what the
     tokenizer stage's admission by work does for them (backends.workboard). Refused: UNAVAILABLE that
-    says when to retry (admission); other: anything else (a queue timeout among them)."""
+    says when to retry (admission); expired: Triton's queue timeout (admitted work lost); other: the rest."""
     import tritonclient.grpc.aio as grpcclient
     from tritonclient.utils import InferenceServerException
 
@@ -359,7 +360,9 @@ async def overload_grpc(grpc_url: str, texts: list[str], model: str, clients: in
             await client.infer(model, [tensor])
             return "answered"
         except InferenceServerException as error:
-            return "refused" if retry_after_in(str(error)) is not None else "other"
+            if retry_after_in(str(error)) is not None:
+                return "refused"
+            return "expired" if "timeout expired" in str(error).lower() else "other"
 
     try:
         for body in requests[:warm_up]:
@@ -551,7 +554,8 @@ def overload_lines(results: dict) -> list[str]:
         deadline = f"deadline {item['deadline_s']:g} s, " if "deadline_s" in item else ""
         lines.append(f"overload ({item['model']}, {item['clients']} clients, {item['requests']} requests of "
                      f"{item['batch']} long texts, {deadline}{path}): {item['answered']} answered ({answer}), "
-                     f"{item['refused']} refused at once (p99 {refusal}), {item['other']} other errors")
+                     f"{item['refused']} refused at once (p99 {refusal}), {item.get('expired', 0)} expired, "
+                     f"{item['other']} other errors")
     return lines
 
 

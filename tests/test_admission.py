@@ -12,11 +12,14 @@ from fastapi.testclient import TestClient
 from test_gateway_routes import FakeClient
 
 from pooltriton.backends.workboard import (
+    BACKLOG,
     BUSY,
+    COLD_TOKENS_PER_S,
     IN_TRANSIT_S,
     OWNER,
     SLOTS,
     STALL_S,
+    STALLED,
     TOTAL,
     WINDOW_S,
     EncoderRow,
@@ -309,18 +312,29 @@ def test_a_request_that_starts_after_its_entry_expired_counts_until_it_finishes(
         row.close()
 
 
-def test_the_tokenizer_stage_admits_everything_before_its_encoder_measured_a_rate(tmp_path) -> None:
+def test_before_its_encoder_measured_a_rate_the_tokenizer_stage_admits_by_a_cold_one(tmp_path) -> None:
+    """Issue 52: admitting everything before MIN_ANSWERS batches let a flood on a fresh server in whole,
+    and most of it expired in the encoder's queue. Until then the board assumes COLD_TOKENS_PER_S."""
     path = tmp_path / "board"
-    encoder = encoder_at_1000_tokens_per_s(path, batches=MIN_ANSWERS - 1)
-    tokenizer = TokenizerRow(path, deadline_s=1.0)
-    encoder.started(time.monotonic())
+    encoder = EncoderRow(path)
+    tokenizer = TokenizerRow(path, deadline_s=30.0)  # admits 24 s of work: 24,000 tokens when cold
+    now = time.monotonic()
+    encoder.started(now)
     assert tokenizer.tokens_per_s() is None
-    assert all(tokenizer.admit(10**5) is None for _ in range(3))
-    encoder.finished(100, 0.1, now=time.monotonic())  # the MIN_ANSWERS-th batch
-    encoder.started(time.monotonic())
-    assert tokenizer.admit(10) is not None
+    answers = tokenizer.admit_all([8000] * 4, now=now)  # nothing queued: the first goes, however long
+    assert answers[:3] == [None] * 3 and answers[3].wait_s == pytest.approx(32000 / COLD_TOKENS_PER_S)
+    assert tokenizer.admit(10**5, now=now) is not None and tokenizer.queued(now) == pytest.approx(24000)
+    for batch in range(int(MIN_ANSWERS)):  # then it measures 10,000 tokens/s: that rate admits
+        encoder.finished(3000, 0.3, now=now + 0.3 * batch + 0.3)
+        encoder.started(now + 0.3 * batch + 0.3)
+    later = now + 0.3 * MIN_ANSWERS
+    assert tokenizer.tokens_per_s() == pytest.approx(10000)
+    assert tokenizer.admit(10**5, now=later) is None  # 100,000 + what is left of 24,000: under 24 s
     for row in (tokenizer, encoder):
         row.close()
+    native = TokenizerRow(tmp_path / "native", deadline_s=30.0)  # a native encoder backend joins no board
+    assert native.admit_all([10**5] * 3) == [None] * 3  # no rate to come: nothing is refused
+    native.close()
 
 
 def test_a_dead_stage_instance_leaves_its_row_and_is_not_busy_for_ever(tmp_path) -> None:
@@ -432,3 +446,33 @@ def test_the_tokenizer_instances_of_one_encoder_admit_as_one(tmp_path) -> None:
     for row in (first, second, encoder):
         row.close()
     assert not path.exists()
+
+
+def test_the_rate_counts_the_batchers_stall_between_batches_that_left_requests_waiting(tmp_path) -> None:
+    """Issue 52: under a flood that refuses everyone, nothing arrives to wake Triton's batcher after a batch
+    and queued requests wait up to its 0.5 s poll. The encoder clears its queue at the rate by the clock, so
+    that stall counts; an idle encoder with nothing waiting is not slower for it."""
+    path = tmp_path / "board"
+    encoder, tokenizer = EncoderRow(path), TokenizerRow(path, deadline_s=2.5)
+    now = time.monotonic()
+    assert tokenizer.admit_all([100] * 20, now=now) == [None] * 20  # not measured yet: all admitted
+    for batch in range(int(MIN_ANSWERS)):  # 0.1 s of work, then a 0.1 s stall with requests waiting
+        start = now + 0.2 * batch + 0.1
+        encoder.started(start)
+        encoder.took([100])
+        encoder.finished(100, 0.1, now=start + 0.1)
+    # 800 tokens in 0.8 s of work and 7 stalls (none was waiting before the first batch), not in 0.8 s
+    assert tokenizer.tokens_per_s() == pytest.approx(800 / 1.5, rel=0.02)
+    encoder.started(now + 1.7)
+    refusal = tokenizer.admit(100, now=now + 1.7)  # 12 waiting: 1,300 tokens, 2.4 s by the clock (1.3 s busy)
+    assert refusal is not None and refusal.wait_s == pytest.approx(1300 / (800 / 1.5), rel=0.02)
+    quiet = TokenizerRow(tmp_path / "quiet", deadline_s=2.5)  # the same batches, nothing ever waiting
+    idle = EncoderRow(tmp_path / "quiet")
+    for batch in range(int(MIN_ANSWERS)):
+        start = now + 0.2 * batch + 0.1
+        idle.started(start)
+        idle.finished(100, 0.1, now=start + 0.1)
+    assert quiet.tokens_per_s() == pytest.approx(1000, rel=0.05)
+    assert encoder.row[BACKLOG] == 1 and idle.row[BACKLOG] == 0 and idle.row[STALLED] == 0
+    for row in (tokenizer, encoder, quiet, idle):
+        row.close()

@@ -47,8 +47,11 @@ from pooltriton.contract.stub import SERVER_PID_ARG, SHM_ARG, STUB
 
 SLOTS = 32  # stage instances per encoder (tokenizers and encoders together)
 # OWNER and BORN: the process holding a row (pid, its start time); 0 when it left. LAST_END: an encoder's
-# last batch's end, a tokenizer's last admission. STARTED: the encoder's current batch's start.
-OWNER, ROLE, TOTAL, BUSY, LAST_END, RATE_TOKENS, RATE_BUSY, RATE_AT, BATCHES, BORN, STARTED = range(11)
+# last batch's end, a tokenizer's last admission. STARTED: the encoder's current batch's start. BACKLOG:
+# 1 when its last batch ended with admitted requests still waiting; STALLED: the idle time before the
+# current batch that counts as clearing time (EncoderRow.started).
+(OWNER, ROLE, TOTAL, BUSY, LAST_END, RATE_TOKENS, RATE_BUSY, RATE_AT, BATCHES, BORN, STARTED,
+ BACKLOG, STALLED) = range(13)
 FIELDS = 16  # room to grow
 TOKENIZER, ENCODER = 1.0, 2.0
 # A request the tokenizer admitted reaches an idle encoder within this (the ensemble's hop, ~1 ms).
@@ -70,6 +73,11 @@ WINDOW_S = IN_TRANSIT_S / (WINDOWS - 1)
 LOG = 2048
 TOKENS, ADMITTED, EXPIRES, TIMEOUT = range(4)
 ENTRY = 4  # fields per entry (32 bytes)
+# Before its encoders measured MIN_ANSWERS batches the board admits as if they cleared this (tokens/s, a
+# slow model on 2 CPU cores): admitting everything then let a flood on a fresh server through whole, and
+# of 85 requests admitted at once 38 expired in the encoder's queue (issue 52). A few batches later the
+# measured rate takes over; a larger request alone is still admitted (nothing queued).
+COLD_TOKENS_PER_S = 1000.0
 
 
 def stub_argv() -> list[str]:
@@ -211,8 +219,16 @@ class EncoderRow(Board):
         super().__init__(path, ENCODER)
 
     def started(self, now: float) -> None:
-        self.row[STARTED] = now
-        self.row[BUSY] = 1.0
+        """A batch starts. If the last one left admitted requests waiting, the idle time since it (up to a
+        batcher stall) is part of what clearing them took: Triton's batcher under a queue policy leaves
+        queued requests up to 0.5 s after a batch when nothing arrives (STALL_S), which in a flood that
+        refuses everyone is after nearly every batch. A rate per busy second alone is faster than the
+        queue clears by the clock, and admits work that may then expire in it (issue 52)."""
+        row = self.row
+        idle = min(max(now - row[LAST_END], 0.0), STALL_S) if row[BACKLOG] else 0.0
+        row[STALLED] = idle
+        row[STARTED] = now
+        row[BUSY] = 1.0
 
     def took(self, requests: list[int], timeouts_s: list[float | None] | None = None) -> None:
         """The started batch's requests (their tokens, their own timeouts) leave the tokenizers' log: of
@@ -237,10 +253,15 @@ class EncoderRow(Board):
             self.shared[FORGOTTEN] -= float((wanted[~there] >> 32).sum())
 
     def finished(self, tokens: int, seconds: float, now: float) -> None:
+        """A batch of `tokens` ended after `seconds` of work; the rate counts the stall before it too."""
         row = self.row
         decay = math.exp(-max(now - row[RATE_AT], 0.0) / HORIZON_S)
         row[RATE_TOKENS] = row[RATE_TOKENS] * decay + tokens
-        row[RATE_BUSY] = row[RATE_BUSY] * decay + seconds
+        row[RATE_BUSY] = row[RATE_BUSY] * decay + seconds + row[STALLED]
+        row[STALLED] = 0.0
+        # Admitted requests still waiting (on the log, not past their timeout): the next idle is a stall.
+        log = self.log
+        row[BACKLOG] = float(((log[:, TOKENS] > 0) & (log[:, EXPIRES] >= now)).any())
         row[RATE_AT] = now
         row[BATCHES] += 1
         row[TOTAL] += tokens
@@ -270,14 +291,20 @@ class TokenizerRow(Board):
         return self.rows[(self.rows[:, ROLE] == role) & (self.rows[:, OWNER] != 0)]
 
     def tokens_per_s(self, encoders: np.ndarray | None = None) -> float | None:
-        """What the live encoders (`encoders`, read now if not given) clear per busy second, summed; None
-        before MIN_ANSWERS batches."""
+        """What the live encoders (`encoders`, read now if not given) clear per second of work and of the
+        stalls before batches that had requests waiting (EncoderRow.started), summed; None before
+        MIN_ANSWERS batches."""
         encoders = self._live(ENCODER) if encoders is None else encoders
         if encoders[:, BATCHES].sum() < MIN_ANSWERS:
             return None
         measured = encoders[encoders[:, RATE_BUSY] > 0]
         rate = float((measured[:, RATE_TOKENS] / measured[:, RATE_BUSY]).sum())
         return rate if rate > 0 else None
+
+    def _rate(self, encoders: np.ndarray) -> float | None:
+        """The rate admission divides by: the measured one, else the cold one while an encoder is on the
+        board (a native encoder backend publishes nothing: then None, and nothing is refused)."""
+        return self.tokens_per_s(encoders) or (COLD_TOKENS_PER_S if len(encoders) else None)
 
     @staticmethod
     def _transit_start(now: float) -> float:
@@ -328,7 +355,8 @@ class TokenizerRow(Board):
     def admit(self, tokens: int, now: float | None = None, timeout_s: float | None = None) -> Refusal | None:
         """None: admitted (counted as queued until an encoder finishes it, or until its timeout, `timeout_s`
         or the queue's, passes before an encoder started it); else the refusal. With nothing queued
-        anything is admitted (a request longer than the deadline alone runs on an idle encoder)."""
+        anything is admitted (a request longer than the deadline alone runs on an idle encoder); before a
+        rate is measured, the rest by COLD_TOKENS_PER_S."""
         return self.admit_all([tokens], now, [timeout_s])[0]
 
     def admit_all(self, requests: list[int], now: float | None = None,
@@ -340,7 +368,7 @@ class TokenizerRow(Board):
         with self._lock():
             encoders, in_transit = self._live(ENCODER), self._in_transit(now)  # read once per batch
             queued = self._queued(now, encoders, in_transit)
-            rate = self.tokens_per_s(encoders) if queued > 0 or len(requests) > 1 else None
+            rate = self._rate(encoders) if queued > 0 or len(requests) > 1 else None
             if rate is not None and self.wedged(now, encoders):
                 rate = None
             # An idle encoder with nothing on its way takes the first request (the module's note).
