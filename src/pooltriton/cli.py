@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="export a model into a Triton model repository")
     _model_args(export)
     export.add_argument("--name", required=True, help="public ensemble name (stages get suffixes)")
+    export.add_argument("--verbose", action="store_true",
+                        help="also the libraries' own warnings and progress bars (torch, transformers)")
     export.add_argument("--out", default="model_repository", help="model repository folder")
     export.add_argument("--served-model-name", dest="served_model_names", nargs="+", type=str, default=(),
                         metavar="NAME", help="other names clients may use for the model (vLLM's and TEI's); "
@@ -103,33 +105,41 @@ def build_parser() -> argparse.ArgumentParser:
     plugin.add_argument("--plugin", required=True, help="the name the plugin class is registered under")
     plugin.add_argument("--module", help="module to import so the plugin registers (e.g. my_pkg.plugins)")
     plugin.add_argument("--model", required=True, help="the exported model it wraps")
-    plugin.add_argument("--out", default="model_repository")
+    plugin.add_argument("--out", default="model_repository", help="the model repository to write into")
 
     sub.add_parser("capabilities", help="what this CPU and the encoder runtimes run, and what --precision "
-                   "auto picks (JSON with --json)").add_argument("--json", action="store_true")
+                   "auto picks (JSON with --json)").add_argument("--json", action="store_true",
+                                                                  help="print JSON instead of a table")
 
     inspect = sub.add_parser("inspect", help="print the resolved pooler configuration (config files only)")
     _model_args(inspect)
 
     defaults = sub.add_parser("defaults", help="export the default models (skips those up to date)")
-    defaults.add_argument("--out", default="model_repository")
+    defaults.add_argument("--out", default="model_repository", help="the model repository to write into")
     defaults.add_argument("--force", action="store_true", help="re-export even when up to date")
+    defaults.add_argument("--verbose", action="store_true",
+                          help="also the libraries' own warnings and progress bars (torch, transformers)")
     defaults.add_argument("--device", choices=[CPU, CUDA], default=CPU,
                           help="cuda: the repository for the NGC image (onnx on KIND_GPU, buckets), made on a CPU")
     defaults.add_argument("--tensorrt", action="store_true", help="with --device cuda: TensorRT accelerator")
 
     backends = sub.add_parser("backends", help="assemble the Triton backend directory")
-    backends.add_argument("--out", default="build/backends")
+    backends.add_argument("--out", default="build/backends", help="the backend directory to write")
     backends.add_argument("--native", action="store_true",
                           help="only tokenizer/pooler/scorer/plugin, beside an image's native backends (NGC)")
 
     serve = sub.add_parser("serve", help="run tritonserver in the foreground (Ctrl-C stops it)")
-    serve.add_argument("--repository", default="model_repository")
-    serve.add_argument("--backends", default="build/backends")
+    serve.add_argument("--repository", default="model_repository",
+                       help="the model repository to serve (pooltriton export / defaults write it)")
+    serve.add_argument("--backends", default="build/backends",
+                       help="the backend directory (pooltriton backends writes it)")
     # Ports default to POOLTRITON_<NAME>_PORT, so an image's health check and its command agree.
-    serve.add_argument("--http-port", type=int, default=_port("HTTP", 8000))
-    serve.add_argument("--grpc-port", type=int, default=_port("GRPC", 8001))
-    serve.add_argument("--metrics-port", type=int, default=_port("METRICS", 8002))
+    serve.add_argument("--http-port", type=int, default=_port("HTTP", 8000),
+                       help="Triton's HTTP port: KServe v2 (env POOLTRITON_HTTP_PORT)")
+    serve.add_argument("--grpc-port", type=int, default=_port("GRPC", 8001),
+                       help="Triton's gRPC port: KServe v2 (env POOLTRITON_GRPC_PORT)")
+    serve.add_argument("--metrics-port", type=int, default=_port("METRICS", 8002),
+                       help="Prometheus metrics port (env POOLTRITON_METRICS_PORT)")
     serve.add_argument("--gateway-port", type=int, default=_port("GATEWAY", 8080),
                        help="OpenAI/Cohere/vLLM HTTP gateway port (0: no gateway)")
     serve.add_argument("--canary-interval-s", type=float, default=CANARY_INTERVAL_S,
@@ -138,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a canary slower than this restarts the ensemble's stages")
 
     ready = sub.add_parser("ready", help="exit 0 when the local server is ready (/v2/health/ready): for health checks")
-    ready.add_argument("--http-port", type=int, default=_port("HTTP", 8000))
+    ready.add_argument("--http-port", type=int, default=_port("HTTP", 8000),
+                       help="the server's HTTP port (env POOLTRITON_HTTP_PORT)")
 
     return parser
 
@@ -147,6 +158,10 @@ def _export(args: argparse.Namespace) -> int:
     from pooltriton.core.resolve import ResolutionError
     from pooltriton.export.build import ExportOptions, export_model
 
+    if not args.verbose:
+        from pooltriton.export.quiet import quiet_libraries
+
+        quiet_libraries()
     # Every option of the export is an argument of the same name.
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(ExportOptions) if hasattr(args, f.name)}
     options = ExportOptions(**{**given, "out": Path(args.out), "served_model_names": tuple(args.served_model_names)})
@@ -197,6 +212,10 @@ def _inspect(args: argparse.Namespace) -> int:
 def _defaults(args: argparse.Namespace) -> int:
     from pooltriton.export.defaults import build_defaults
 
+    if not args.verbose:
+        from pooltriton.export.quiet import quiet_libraries
+
+        quiet_libraries()
     build_defaults(Path(args.out), force=args.force, device=args.device, tensorrt=args.tensorrt)
     return 0
 

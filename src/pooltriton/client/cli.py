@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from tritonclient.utils import InferenceServerException
@@ -15,29 +16,35 @@ def _texts(args: argparse.Namespace) -> list[str]:
     return args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pooltriton-client", description=__doc__)
     parser.add_argument("--url", help="server address (default localhost:8000 http / localhost:8001 grpc)")
-    parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    parser.add_argument("--protocol", choices=["http", "grpc"], default="http", help="KServe v2 over HTTP or gRPC")
     parser.add_argument("--timeout-s", type=float, help="each inference's deadline, retries included; also "
                         "sent to Triton as the request's timeout (a stage drops work queued past it)")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (("embed", "embed texts"), ("classify", "class probabilities per text"),
                             ("encode", "any task's raw output (token tasks: one list per text)")):
         command = sub.add_parser(name, help=f"{help_text} (arguments, or one per line on stdin)")
-        command.add_argument("texts", nargs="*")
-        command.add_argument("--model", default="minilm")
-        command.add_argument("--truncate", choices=["NONE", "END", "START"])
+        command.add_argument("texts", nargs="*", help="the texts (none: one per line on stdin)")
+        command.add_argument("--model", default="minilm", help="the served model's name")
+        command.add_argument("--truncate", choices=["NONE", "END", "START"],
+                             help="cut texts past the model's limit at that side (NONE: refuse them)")
         command.add_argument("--no-activation", action="store_true", help="raw vectors / logits")
     tokenize = sub.add_parser("tokenize", help="token ids per text from the model's own tokenizer stage")
-    tokenize.add_argument("texts", nargs="*")
-    tokenize.add_argument("--model", default="minilm")
+    tokenize.add_argument("texts", nargs="*", help="the texts (none: one per line on stdin)")
+    tokenize.add_argument("--model", default="minilm", help="the served model's name")
     for name in ("score", "rerank"):
         command = sub.add_parser(name, help=f"{name} documents against a query with <model>_score")
-        command.add_argument("query")
-        command.add_argument("documents", nargs="+")
-        command.add_argument("--model", default="minilm")
+        command.add_argument("query", help="the query text")
+        command.add_argument("documents", nargs="+", help="the documents to score against it")
+        command.add_argument("--model", default="minilm", help="the served model's name")
         command.add_argument("--top-n", type=int, help="rerank: keep the best N")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.timeout_s is not None and args.timeout_s <= 0:
         parser.error("--timeout-s must be positive")
@@ -46,8 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, InferenceServerException) as error:
         print(f"pooltriton-client: {error}", file=sys.stderr)
         return 2
-    json.dump({"model": args.model, **output}, sys.stdout)
-    sys.stdout.write("\n")
+    try:
+        json.dump({"model": args.model, **output}, sys.stdout)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader left (`| head`): end quietly. Python's recipe: stdout to devnull, or the flush at
+        # exit reports the pipe again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0
 
 
