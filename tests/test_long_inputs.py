@@ -61,6 +61,10 @@ def server(long_model: Path, tmp_path_factory: pytest.TempPathFactory):
                                "--out", str(repository), "--runtime", "onnx", *extra], capture_output=True, text=True,
                               timeout=1200)
         assert done.returncode == 0, done.stderr[-3000:]
+        # Its own step lines and verification only (issue 53): no torch warnings, no loading bars.
+        chatter = [line for line in (done.stdout + done.stderr).splitlines()
+                   if "torchvision" in line or "it/s]" in line]
+        assert not chatter, chatter[:3]
     server = start_server(repository, repository / "server.log")
     yield server
     assert server.stop() == 0
