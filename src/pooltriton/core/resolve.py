@@ -33,7 +33,7 @@ DECODER_MODEL_TYPES = frozenset(
      "opt"}
 )
 # What an export may serve: the families the test matrix exports, serves and compares with transformers /
-# sentence-transformers (README: "Architectures"). Anything else is refused at export, by name.
+# sentence-transformers (docs/models.md). Anything else is refused at export, by name.
 SUPPORTED_MODEL_TYPES = frozenset(
     {"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "mpnet", "deberta-v2", "modernbert",
      "nomic_bert", "gte", "bart", "t5", "gpt2", "qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3_text",

@@ -368,7 +368,7 @@ def _export_encoder(model_dir: Path, encoder, config: PoolerConfig, tokenizer, o
 
 
 def check_supported(config: PoolerConfig) -> None:
-    """Only the families the test matrix proves are exported (the README's architecture table)."""
+    """Only the families the test matrix proves are exported (docs/models.md's architecture table)."""
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise ResolutionError(
             f"{config.architecture or 'this model'} (model_type {config.model_type!r}) is not a supported "
