@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -24,8 +25,9 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def _model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="Hugging Face model folder (or hub id when online)")
+def _model_args(parser: argparse.ArgumentParser, positional: bool = True) -> None:
+    if positional:
+        parser.add_argument("model", help="Hugging Face model folder (or hub id when online)")
     parser.add_argument("--task", choices=[t.value for t in Task], help="default: from the architecture")
     parser.add_argument("--pooling-type", choices=[p.value for p in PoolingType],
                         help="default: sentence-transformers metadata, else the architecture's")
@@ -39,6 +41,60 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
                         metavar="ID,ID", help="STEP pooling on a causal LM: the vocabulary ids to score")
 
 
+def _export_options(parser: argparse.ArgumentParser) -> None:
+    """How a model is exported: `export`'s options, which `serve MODEL_DIR` passes through."""
+    parser.add_argument("--served-model-name", dest="served_model_names", nargs="+", type=str, default=(),
+                        metavar="NAME", help="other names clients may use for the model (vLLM's and TEI's); "
+                        "models sharing a name are told apart by the task a request asks for")
+    parser.add_argument("--classifier-from-tokens", type=lambda t: tuple(t.split(",")), metavar="[NO,]YES",
+                        help="serve a causal LM as a reranker: its one logit is the LM head's YES row minus the "
+                        "NO row at the last token, or the YES row alone (vLLM's classifier_from_token; "
+                        "Qwen3-Reranker: no,yes; bge-reranker-v2-gemma: Yes)")
+    parser.add_argument("--score-template", metavar="TEXT",
+                        help="how <name>_score presents a (query, document) pair to a reranker: a text with "
+                        "{query} and {document}, e.g. the model card's prompt")
+    parser.add_argument("--matryoshka-dimensions", type=lambda t: tuple(int(x) for x in t.split(",")), default=(),
+                        metavar="D,D", help="embedding sizes clients may ask for (truncated, re-normalised)")
+    parser.add_argument("--runtime", choices=sorted(RUNTIMES), default="onnx",
+                        help="encoder runtime: ONNX model.onnx (backend onnxruntime), the same file compiled by "
+                        "OpenVINO (backend openvino), or TorchScript model.pt (backend pytorch)")
+    parser.add_argument("--precision", choices=[FP32, BF16, FP16, INT8, AUTO], default=FP32,
+                        help="encoder precision (default fp32, the exact reference): bf16 with openvino or "
+                        "torchscript on CPUs with AVX512-BF16/AMX, fp16 with torchscript on GPUs, int8 (NNCF, "
+                        "embedding models) with openvino on CPUs with VNNI/AMX; auto: int8 where it meets its "
+                        "bounds, else bf16 where this CPU runs it natively, else fp32 (see `pooltriton "
+                        "capabilities`). A precision the CPU cannot run natively is an error")
+    parser.add_argument("--tolerance", type=float, metavar="T",
+                        help="verification bound against the reference in fp64: fp32 |Δ| <= 8 x its fp32 noise + "
+                        f"T x (1 + max |reference|) (default {TOLERANCES[FP32]:g}); bf16/fp16 cosine mean >= 1 - T, "
+                        f"min >= 1 - 4T (default {TOLERANCES[BF16]:g}); int8 cosine mean >= 1 - T, min >= 1 - 5T "
+                        f"(default {TOLERANCES[INT8]:g}) and top-10 neighbours as the reference's in >= 1 - 50T")
+    parser.add_argument("--device", choices=[CPU, CUDA], default=CPU,
+                        help="cuda: trace on the GPU and serve from KIND_GPU instances (torchscript)")
+    parser.add_argument("--batching", choices=["ragged", "buckets"], default="ragged",
+                        help="ragged: encoder takes mixed lengths (Python shims); buckets: the tokenizer "
+                        "pads to fixed lengths so native backends can batch them")
+    parser.add_argument("--tensorrt", action="store_true",
+                        help="onnx on cuda: TensorRT as the native onnxruntime backend's accelerator (fp32)")
+    parser.add_argument("--encoder-threads", type=int, default=ENCODER_THREADS,
+                        help="intra-op threads of the encoder")
+    parser.add_argument("--tokenizer-instances", type=int, default=TOKENIZER_INSTANCES,
+                        help="instances of the tokenizer stage (one more keeps refusals fast while one works)")
+    parser.add_argument("--memory-budget-mb", type=int, default=0,
+                        help="memory the encoder may hold at once, shared by its instances and streams (ragged "
+                        "batching plans chunks within it); a text that alone needs more is refused with a 400 "
+                        "(default 0: half the serving machine's memory)")
+    parser.add_argument("--queue-size", type=int, default=QUEUE_SIZE,
+                        help="waiting requests per batched stage; more are rejected at once (UNAVAILABLE / 503)")
+    parser.add_argument("--queue-timeout-ms", type=int, default=QUEUE_TIMEOUT_MS,
+                        help="a request still waiting after this is rejected (a request may ask for less)")
+    parser.add_argument("--allow-pickle", action="store_true",
+                        help="load pickled weights (pytorch_model.bin) where no safetensors exist: pickle can run "
+                        "code when loaded, so only for models you trust")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="export a model whose config.json names its own code (auto_map); that code runs")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pooltriton", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -49,56 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--verbose", action="store_true",
                         help="also the libraries' own warnings and progress bars (torch, transformers)")
     export.add_argument("--out", default="model_repository", help="model repository folder")
-    export.add_argument("--served-model-name", dest="served_model_names", nargs="+", type=str, default=(),
-                        metavar="NAME", help="other names clients may use for the model (vLLM's and TEI's); "
-                        "models sharing a name are told apart by the task a request asks for")
-    export.add_argument("--classifier-from-tokens", type=lambda t: tuple(t.split(",")), metavar="[NO,]YES",
-                        help="serve a causal LM as a reranker: its one logit is the LM head's YES row minus the "
-                        "NO row at the last token, or the YES row alone (vLLM's classifier_from_token; "
-                        "Qwen3-Reranker: no,yes; bge-reranker-v2-gemma: Yes)")
-    export.add_argument("--score-template", metavar="TEXT",
-                        help="how <name>_score presents a (query, document) pair to a reranker: a text with "
-                        "{query} and {document}, e.g. the model card's prompt")
-    export.add_argument("--matryoshka-dimensions", type=lambda t: tuple(int(x) for x in t.split(",")), default=(),
-                        metavar="D,D", help="embedding sizes clients may ask for (truncated, re-normalised)")
-    export.add_argument("--runtime", choices=sorted(RUNTIMES), default="onnx",
-                        help="encoder runtime: ONNX model.onnx (backend onnxruntime), the same file compiled by "
-                        "OpenVINO (backend openvino), or TorchScript model.pt (backend pytorch)")
-    export.add_argument("--precision", choices=[FP32, BF16, FP16, INT8, AUTO], default=FP32,
-                        help="encoder precision (default fp32, the exact reference): bf16 with openvino or "
-                        "torchscript on CPUs with AVX512-BF16/AMX, fp16 with torchscript on GPUs, int8 (NNCF, "
-                        "embedding models) with openvino on CPUs with VNNI/AMX; auto: int8 where it meets its "
-                        "bounds, else bf16 where this CPU runs it natively, else fp32 (see `pooltriton "
-                        "capabilities`). A precision the CPU cannot run natively is an error")
-    export.add_argument("--tolerance", type=float, metavar="T",
-                        help="verification bound against the reference in fp64: fp32 |Δ| <= 8 x its fp32 noise + "
-                        f"T x (1 + max |reference|) (default {TOLERANCES[FP32]:g}); bf16/fp16 cosine mean >= 1 - T, "
-                        f"min >= 1 - 4T (default {TOLERANCES[BF16]:g}); int8 cosine mean >= 1 - T, min >= 1 - 5T "
-                        f"(default {TOLERANCES[INT8]:g}) and top-10 neighbours as the reference's in >= 1 - 50T")
-    export.add_argument("--device", choices=[CPU, CUDA], default=CPU,
-                        help="cuda: trace on the GPU and serve from KIND_GPU instances (torchscript)")
-    export.add_argument("--batching", choices=["ragged", "buckets"], default="ragged",
-                        help="ragged: encoder takes mixed lengths (Python shims); buckets: the tokenizer "
-                        "pads to fixed lengths so native backends can batch them")
-    export.add_argument("--tensorrt", action="store_true",
-                        help="onnx on cuda: TensorRT as the native onnxruntime backend's accelerator (fp32)")
-    export.add_argument("--encoder-threads", type=int, default=ENCODER_THREADS,
-                        help="intra-op threads of the encoder")
-    export.add_argument("--tokenizer-instances", type=int, default=TOKENIZER_INSTANCES,
-                        help="instances of the tokenizer stage (one more keeps refusals fast while one works)")
-    export.add_argument("--memory-budget-mb", type=int, default=0,
-                        help="memory the encoder may hold at once, shared by its instances and streams (ragged "
-                        "batching plans chunks within it); a text that alone needs more is refused with a 400 "
-                        "(default 0: half the serving machine's memory)")
-    export.add_argument("--queue-size", type=int, default=QUEUE_SIZE,
-                        help="waiting requests per batched stage; more are rejected at once (UNAVAILABLE / 503)")
-    export.add_argument("--queue-timeout-ms", type=int, default=QUEUE_TIMEOUT_MS,
-                        help="a request still waiting after this is rejected (a request may ask for less)")
-    export.add_argument("--allow-pickle", action="store_true",
-                        help="load pickled weights (pytorch_model.bin) where no safetensors exist: pickle can run "
-                        "code when loaded, so only for models you trust")
-    export.add_argument("--trust-remote-code", action="store_true",
-                        help="export a model whose config.json names its own code (auto_map); that code runs")
+    _export_options(export)
 
     plugin = sub.add_parser("plugin", help="serve a registered IO-processor plugin around an exported model")
     plugin.add_argument("name", help="the plugin model's name")
@@ -128,7 +135,16 @@ def build_parser() -> argparse.ArgumentParser:
     backends.add_argument("--native", action="store_true",
                           help="only tokenizer/pooler/scorer/plugin, beside an image's native backends (NGC)")
 
-    serve = sub.add_parser("serve", help="run tritonserver in the foreground (Ctrl-C stops it)")
+    serve = sub.add_parser("serve", help="run tritonserver in the foreground (Ctrl-C stops it); with MODEL_DIRs, "
+                           "export those not exported yet into --repository first, as `vllm serve` does")
+    serve.add_argument("models", nargs="*", metavar="MODEL_DIR",
+                       help="model folders (or hub ids when online) to export and serve; each is named after its "
+                       "folder unless --name (one folder only); a second start reuses the export")
+    serve.add_argument("--name", help="the served name of a single MODEL_DIR (default: its folder's name)")
+    _model_args(serve, positional=False)
+    _export_options(serve)
+    serve.add_argument("--verbose", action="store_true",
+                       help="with MODEL_DIRs: the export libraries' own warnings and progress bars too")
     serve.add_argument("--repository", default="model_repository",
                        help="the model repository to serve (pooltriton export / defaults write it)")
     serve.add_argument("--backends", default="build/backends",
@@ -245,6 +261,10 @@ def _serve(args: argparse.Namespace) -> int:
     from pooltriton.server.assemble import assemble
     from pooltriton.server.launcher import TritonServer
 
+    if args.models:
+        code = _export_for_serve(args)
+        if code:
+            return code
     logging.basicConfig(level=os.environ.get("POOLTRITON_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = TritonServer(Path(args.repository), assemble(Path(args.backends)),
@@ -255,6 +275,45 @@ def _serve(args: argparse.Namespace) -> int:
                    "--port", str(args.gateway_port)]
     return server.run_foreground(companion=gateway, canary_interval_s=args.canary_interval_s,
                                  canary_deadline_s=args.canary_deadline_s)
+
+
+def _export_for_serve(args: argparse.Namespace) -> int:
+    """`serve MODEL_DIR ...`: export each folder not exported yet with these options (the stamp of
+    export.defaults: a second start skips it), into --repository; 0, or export's exit code."""
+    from pooltriton.core.resolve import ResolutionError
+    from pooltriton.export.build import ExportOptions
+    from pooltriton.export.defaults import export_unless_current
+
+    if args.name and len(args.models) > 1:
+        print("pooltriton serve: --name names a single MODEL_DIR; several are named after their folders",
+              file=sys.stderr)
+        return 2
+    if not args.verbose:
+        from pooltriton.export.quiet import quiet_libraries
+
+        quiet_libraries()
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(ExportOptions) if hasattr(args, f.name)}
+    for model in args.models:
+        name = args.name or served_name(model)
+        options = ExportOptions(**{**given, "name": name, "out": Path(args.repository),
+                                   "served_model_names": tuple(args.served_model_names)})
+        try:
+            export_unless_current(_local(model), options)
+        except ResolutionError as error:
+            print(f"pooltriton serve: {model}: {error}", file=sys.stderr)
+            return 2
+        except Exception as error:  # as export: one paragraph, nothing written for it
+            if os.environ.get("POOLTRITON_DEBUG"):
+                raise
+            print(f"pooltriton serve: {model}: {type(error).__name__}: {error} (POOLTRITON_DEBUG=1 shows the "
+                  "traceback.)", file=sys.stderr)
+            return 1
+    return 0
+
+
+def served_name(model: str) -> str:
+    """A folder's (or hub id's) last part as a Triton model name: letters, digits and underscores."""
+    return re.sub(r"[^A-Za-z0-9_]+", "_", Path(model.rstrip("/")).name).strip("_") or "model"
 
 
 COMMANDS = {"export": _export, "plugin": _plugin, "capabilities": _capabilities, "inspect": _inspect,

@@ -10,10 +10,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pooltriton.contract import stages
 from pooltriton.core.capabilities import Capabilities, detect
 from pooltriton.core.runtimes import CPU, CUDA, FP32
+
+if TYPE_CHECKING:  # (export.build imports torch: only when exporting)
+    from pooltriton.export.build import ExportOptions
 
 PACKAGE = Path(__file__).resolve().parent.parent
 LAYERS = ("core", "contract", "export")  # the code an export depends on
@@ -104,8 +108,27 @@ def _fingerprint(model_dir: Path, options: dict) -> str:
 DEFAULT_PLUGINS = (("minilm_zero_shot", "zero_shot", "pooltriton.examples.zero_shot", "minilm"),)
 
 
+def export_unless_current(model_dir: Path, options: ExportOptions, force: bool = False,
+                          fingerprinted: dict | None = None) -> bool:
+    """Export `model_dir` with `options` unless its stamp says the same code, files and options (the
+    `fingerprinted` ones, else all but `out`) made what is there; True when it exported."""
+    from pooltriton.export.build import export_model
+
+    chosen = fingerprinted if fingerprinted is not None else {k: v for k, v in asdict(options).items() if k != "out"}
+    fingerprint = _fingerprint(model_dir, chosen)
+    stamp = options.out / options.name / STAMP
+    if not force and stamp.is_file() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint:
+        print(f"{options.name}: up to date ({stamp})", file=sys.stderr)
+        return False
+    report = export_model(model_dir, options)
+    stamp.write_text(json.dumps({"fingerprint": fingerprint, "source": str(model_dir),
+                                 "options": asdict(options) | {"out": str(options.out)},
+                                 "max_abs_error": report["max_abs_error_activated"]}, indent=2, default=str) + "\n")
+    return True
+
+
 def build_defaults(out: Path, force: bool = False, device: str = CPU, tensorrt: bool = False) -> None:
-    from pooltriton.export.build import ExportOptions, export_model
+    from pooltriton.export.build import ExportOptions
     from pooltriton.export.plugin import write_plugin
 
     capabilities = detect()
@@ -122,16 +145,7 @@ def build_defaults(out: Path, force: bool = False, device: str = CPU, tensorrt: 
             print(f"{model.name}: not exported: {reason}{' (removed the stale export)' if stale else ''}",
                   file=sys.stderr)
             continue
-        model_dir = model.locate()
-        fingerprint = _fingerprint(model_dir, model.options)
-        stamp = out / model.name / STAMP
-        if not force and stamp.is_file() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint:
-            print(f"{model.name}: up to date ({stamp})", file=sys.stderr)
-            continue
         options = ExportOptions(name=model.name, out=out, **model.options)
-        report = export_model(model_dir, options)
-        stamp.write_text(json.dumps({"fingerprint": fingerprint, "source": str(model_dir),
-                                     "options": asdict(options) | {"out": str(out)},
-                                     "max_abs_error": report["max_abs_error_activated"]}, indent=2) + "\n")
+        export_unless_current(model.locate(), options, force=force, fingerprinted=model.options)
     for name, plugin, module, model in DEFAULT_PLUGINS:
         write_plugin(name, plugin, module, model, out)
