@@ -14,7 +14,6 @@ from test_gateway_routes import FakeClient
 from pooltriton.backends.workboard import (
     BACKLOG,
     BUSY,
-    COLD_TOKENS_PER_S,
     IN_TRANSIT_S,
     OWNER,
     SLOTS,
@@ -312,29 +311,18 @@ def test_a_request_that_starts_after_its_entry_expired_counts_until_it_finishes(
         row.close()
 
 
-def test_before_its_encoder_measured_a_rate_the_tokenizer_stage_admits_by_a_cold_one(tmp_path) -> None:
-    """Issue 52: admitting everything before MIN_ANSWERS batches let a flood on a fresh server in whole,
-    and most of it expired in the encoder's queue. Until then the board assumes COLD_TOKENS_PER_S."""
+def test_the_tokenizer_stage_admits_everything_before_its_encoder_measured_a_rate(tmp_path) -> None:
     path = tmp_path / "board"
-    encoder = EncoderRow(path)
-    tokenizer = TokenizerRow(path, deadline_s=30.0)  # admits 24 s of work: 24,000 tokens when cold
-    now = time.monotonic()
-    encoder.started(now)
+    encoder = encoder_at_1000_tokens_per_s(path, batches=MIN_ANSWERS - 1)
+    tokenizer = TokenizerRow(path, deadline_s=1.0)
+    encoder.started(time.monotonic())
     assert tokenizer.tokens_per_s() is None
-    answers = tokenizer.admit_all([8000] * 4, now=now)  # nothing queued: the first goes, however long
-    assert answers[:3] == [None] * 3 and answers[3].wait_s == pytest.approx(32000 / COLD_TOKENS_PER_S)
-    assert tokenizer.admit(10**5, now=now) is not None and tokenizer.queued(now) == pytest.approx(24000)
-    for batch in range(int(MIN_ANSWERS)):  # then it measures 10,000 tokens/s: that rate admits
-        encoder.finished(3000, 0.3, now=now + 0.3 * batch + 0.3)
-        encoder.started(now + 0.3 * batch + 0.3)
-    later = now + 0.3 * MIN_ANSWERS
-    assert tokenizer.tokens_per_s() == pytest.approx(10000)
-    assert tokenizer.admit(10**5, now=later) is None  # 100,000 + what is left of 24,000: under 24 s
+    assert all(tokenizer.admit(10**5) is None for _ in range(3))
+    encoder.finished(100, 0.1, now=time.monotonic())  # the MIN_ANSWERS-th batch
+    encoder.started(time.monotonic())
+    assert tokenizer.admit(10) is not None
     for row in (tokenizer, encoder):
         row.close()
-    native = TokenizerRow(tmp_path / "native", deadline_s=30.0)  # a native encoder backend joins no board
-    assert native.admit_all([10**5] * 3) == [None] * 3  # no rate to come: nothing is refused
-    native.close()
 
 
 def test_a_dead_stage_instance_leaves_its_row_and_is_not_busy_for_ever(tmp_path) -> None:

@@ -73,11 +73,6 @@ WINDOW_S = IN_TRANSIT_S / (WINDOWS - 1)
 LOG = 2048
 TOKENS, ADMITTED, EXPIRES, TIMEOUT = range(4)
 ENTRY = 4  # fields per entry (32 bytes)
-# Before its encoders measured MIN_ANSWERS batches the board admits as if they cleared this (tokens/s, a
-# slow model on 2 CPU cores): admitting everything then let a flood on a fresh server through whole, and
-# of 85 requests admitted at once 38 expired in the encoder's queue (issue 52). A few batches later the
-# measured rate takes over; a larger request alone is still admitted (nothing queued).
-COLD_TOKENS_PER_S = 1000.0
 
 
 def stub_argv() -> list[str]:
@@ -301,11 +296,6 @@ class TokenizerRow(Board):
         rate = float((measured[:, RATE_TOKENS] / measured[:, RATE_BUSY]).sum())
         return rate if rate > 0 else None
 
-    def _rate(self, encoders: np.ndarray) -> float | None:
-        """The rate admission divides by: the measured one, else the cold one while an encoder is on the
-        board (a native encoder backend publishes nothing: then None, and nothing is refused)."""
-        return self.tokens_per_s(encoders) or (COLD_TOKENS_PER_S if len(encoders) else None)
-
     @staticmethod
     def _transit_start(now: float) -> float:
         """When the oldest window `_in_transit` counts began."""
@@ -355,8 +345,7 @@ class TokenizerRow(Board):
     def admit(self, tokens: int, now: float | None = None, timeout_s: float | None = None) -> Refusal | None:
         """None: admitted (counted as queued until an encoder finishes it, or until its timeout, `timeout_s`
         or the queue's, passes before an encoder started it); else the refusal. With nothing queued
-        anything is admitted (a request longer than the deadline alone runs on an idle encoder); before a
-        rate is measured, the rest by COLD_TOKENS_PER_S."""
+        anything is admitted (a request longer than the deadline alone runs on an idle encoder)."""
         return self.admit_all([tokens], now, [timeout_s])[0]
 
     def admit_all(self, requests: list[int], now: float | None = None,
@@ -368,7 +357,7 @@ class TokenizerRow(Board):
         with self._lock():
             encoders, in_transit = self._live(ENCODER), self._in_transit(now)  # read once per batch
             queued = self._queued(now, encoders, in_transit)
-            rate = self._rate(encoders) if queued > 0 or len(requests) > 1 else None
+            rate = self.tokens_per_s(encoders) if queued > 0 or len(requests) > 1 else None
             if rate is not None and self.wedged(now, encoders):
                 rate = None
             # An idle encoder with nothing on its way takes the first request (the module's note).
