@@ -325,6 +325,28 @@ def test_the_tokenizer_stage_admits_everything_before_its_encoder_measured_a_rat
         row.close()
 
 
+def test_an_encoder_that_timed_a_batch_at_load_lets_a_fresh_server_refuse_a_flood(tmp_path) -> None:
+    """A flood that reaches a fresh server first is admitted by the rate the encoder timed at load
+    (with a batcher stall, so it errs slow) rather than whole; the real batches then outweigh it."""
+    path = tmp_path / "board"
+    encoder, tokenizer = EncoderRow(path), TokenizerRow(path, deadline_s=10.0)
+    now = time.monotonic()
+    encoder.primed(8000, 1.0 - STALL_S, now)  # 8,000 tokens/s of work, a stall counted: 8,000 tokens/s
+    assert tokenizer.tokens_per_s() == pytest.approx(8000)
+    answers = tokenizer.admit_all([8000] * 20, now=now)  # 160,000 tokens: 20 s at that rate
+    fits = int(10.0 * DEADLINE_SHARE * 8000 / 8000)
+    assert answers[:fits] == [None] * fits and all(answer is not None for answer in answers[fits:])
+    unprimed = TokenizerRow(tmp_path / "cold", deadline_s=10.0)
+    cold = EncoderRow(tmp_path / "cold")
+    assert unprimed.admit_all([8000] * 20, now=now) == [None] * 20  # what it did before: everything
+    for batch in range(40):  # a real rate, four times faster, takes over
+        encoder.started(now + batch * 0.1)
+        encoder.finished(3200, 0.1, now + batch * 0.1 + 0.1)
+    assert 25000 < tokenizer.tokens_per_s() < 32000  # 136,000 tokens in 5 s, the load's share decayed
+    for row in (tokenizer, encoder, unprimed, cold):
+        row.close()
+
+
 def test_a_dead_stage_instance_leaves_its_row_and_is_not_busy_for_ever(tmp_path) -> None:
     path = tmp_path / "board"
     encoder = encoder_at_1000_tokens_per_s(path)

@@ -9,7 +9,11 @@ as BACKENDS/<name>/model.py). Each shim reads the parameters of the native backe
 
 from __future__ import annotations
 
+import fcntl
+import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +22,14 @@ import triton_python_backend_utils as pb_utils
 from pooltriton.backends.common import Counters, ModelArgs, error_response, input_array, request_timeout_s
 from pooltriton.backends.ragged import TOKEN_BUDGET, MemoryModel, RaggedStats, memory_budget, run_ragged
 from pooltriton.backends.workboard import EncoderRow, board_path, stub_argv
-from pooltriton.contract import INPUT_IDS
+from pooltriton.contract import ATTENTION_MASK, INPUT_IDS
 from pooltriton.contract.parameters import EncoderParameters
+
+# The batch an encoder times at load for admission's first rate: flood-sized rows, at most this wide
+# (wider rows cost more per token: attention grows with the square of the length).
+PRIME_TOKENS = 4 * TOKEN_BUDGET
+PRIME_WIDTH = 512
+PRIME_LONG_S = 4.0  # a first run this long is timed as it is (a large model on the CPU: load stays short)
 
 
 class EncoderShim:
@@ -67,6 +77,43 @@ class EncoderShim:
             budget = memory_budget(parameters.memory_budget, instances * self.concurrent_chunks,
                                    self.device_memory())
             self.memory = MemoryModel(parameters.memory_per_token, parameters.memory_per_attention_cell, budget)
+        if self.board is not None:
+            self._prime(model)
+
+    def _prime(self, model: ModelArgs) -> None:
+        """Time one batch of PRIME_TOKENS synthetic tokens (after an untimed run: allocation, compilation)
+        so that admission has this encoder's rate before its first answers (EncoderRow.primed)."""
+        width = max(1, min(self.max_width or PRIME_WIDTH, PRIME_WIDTH))
+        rows = max(1, PRIME_TOKENS // width)
+        feeds = {tensor["name"]: self._synthetic(tensor, rows, width) for tensor in model.config["input"]}
+        try:
+            with _alone(model.version_dir.parent.parent):
+                seconds = self._time_prime(feeds)
+        except Exception as error:  # admission then waits for measured batches
+            pb_utils.Logger.log_warn(f"{model.name}: no rate measured at load ({error})")
+            return
+        self.board.primed(rows * width, seconds, time.monotonic())
+        pb_utils.Logger.log_info(f"{model.name}: {rows * width} tokens in {seconds:.3f} s at load (admission's rate)")
+
+    def _time_prime(self, feeds: dict[str, np.ndarray]) -> float:
+        seconds = 0.0
+        for _ in range(2):  # the second run is timed, unless the first already took long
+            started = time.monotonic()
+            run_ragged([feeds], self._run_chunks, self.per_token, self.pad_values, RaggedStats(),
+                       token_budget=self.token_budget, single_row_multiple=self.single_row_multiple,
+                       max_width=self.max_width, memory=self.memory, row_inputs=self.row_inputs)
+            seconds = time.monotonic() - started
+            if seconds > PRIME_LONG_S:
+                break
+        return seconds
+
+    def _synthetic(self, tensor: dict, rows: int, width: int) -> np.ndarray:
+        """A flood-like input: every text `width` real tokens (values do not change a dense encoder's time)."""
+        dtype = pb_utils.triton_string_to_numpy(tensor["data_type"])
+        if tensor["name"] in self.row_inputs:
+            return np.zeros((rows, 1), dtype=dtype)
+        value = {INPUT_IDS: self.pad_values[INPUT_IDS], ATTENTION_MASK: 1}.get(tensor["name"], 0)
+        return np.full((rows, width), value, dtype=dtype)
 
     def device_memory(self) -> int | None:
         """Bytes of the memory the encoder runs in, where it is not this machine's (a GPU)."""
@@ -127,6 +174,18 @@ class EncoderShim:
             f"(attention grows with the square of the length), over its memory budget of "
             f"{self.memory.budget / gib:.1f} GiB: at most {self.memory.longest()} tokens fit; send shorter texts "
             "or raise the encoder's memory_budget")
+
+
+@contextmanager
+def _alone(folder: Path) -> Iterator[None]:
+    """Held by one process at a time (flock on the folder): encoders loading together would otherwise
+    time each other's contention for the cores."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
 
 
 def _lengths(feeds: dict[str, np.ndarray]) -> np.ndarray:
