@@ -8,6 +8,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from pooltriton.contract import ENCODER_THREADS, QUEUE_SIZE, QUEUE_TIMEOUT_MS, TOKENIZER_INSTANCES
@@ -171,29 +172,47 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from pooltriton.core.resolve import ResolutionError
-    from pooltriton.export.build import ExportOptions, export_model
+    from pooltriton.export.build import export_model
 
+    _quiet_unless_verbose(args)
+    options = _options(args, name=args.name, out=Path(args.out))
+    return _exported("export", args.name, lambda: export_model(_local(args.model), options))
+
+
+def _options(args: argparse.Namespace, name: str, out: Path):
+    """The ExportOptions the arguments give (every option of the export is an argument of its name)."""
+    from pooltriton.export.build import ExportOptions
+
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(ExportOptions) if hasattr(args, f.name)}
+    return ExportOptions(**{**given, "name": name, "out": out, "served_model_names": tuple(args.served_model_names)})
+
+
+def _exported(prog: str, name: str, export: Callable[[], object]) -> int:
+    """Run `export` as the CLI reports it: 0; 2 for what cannot be served (a usage error); else 1 with
+    one paragraph, no traceback (POOLTRITON_DEBUG=1 raises it)."""
+    from pooltriton.core.resolve import ResolutionError
+
+    try:
+        export()
+    except ResolutionError as error:
+        print(f"pooltriton {prog}: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:
+        if os.environ.get("POOLTRITON_DEBUG"):
+            raise
+        kind = "verification failed" if type(error).__name__ == "VerificationError" else type(error).__name__
+        print(f"pooltriton {prog}: {kind}: {error} Nothing was written for {name!r}. "
+              f"(POOLTRITON_DEBUG=1 shows the traceback.)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _quiet_unless_verbose(args: argparse.Namespace) -> None:
+    """The libraries' own chatter (warnings, progress bars) only with --verbose."""
     if not args.verbose:
         from pooltriton.export.quiet import quiet_libraries
 
         quiet_libraries()
-    # Every option of the export is an argument of the same name.
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(ExportOptions) if hasattr(args, f.name)}
-    options = ExportOptions(**{**given, "out": Path(args.out), "served_model_names": tuple(args.served_model_names)})
-    try:
-        export_model(_local(args.model), options)
-    except ResolutionError as error:  # what was asked cannot be served: a usage error
-        print(f"pooltriton export: {error}", file=sys.stderr)
-        return 2
-    except Exception as error:  # one paragraph, no traceback (POOLTRITON_DEBUG=1 shows it)
-        if os.environ.get("POOLTRITON_DEBUG"):
-            raise
-        kind = "verification failed" if type(error).__name__ == "VerificationError" else type(error).__name__
-        print(f"pooltriton export: {kind}: {error} Nothing was written for {args.name!r}. "
-              f"(POOLTRITON_DEBUG=1 shows the traceback.)", file=sys.stderr)
-        return 1
-    return 0
 
 
 def _plugin(args: argparse.Namespace) -> int:
@@ -228,10 +247,7 @@ def _inspect(args: argparse.Namespace) -> int:
 def _defaults(args: argparse.Namespace) -> int:
     from pooltriton.export.defaults import build_defaults
 
-    if not args.verbose:
-        from pooltriton.export.quiet import quiet_libraries
-
-        quiet_libraries()
+    _quiet_unless_verbose(args)
     build_defaults(Path(args.out), force=args.force, device=args.device, tensorrt=args.tensorrt)
     return 0
 
@@ -280,34 +296,20 @@ def _serve(args: argparse.Namespace) -> int:
 def _export_for_serve(args: argparse.Namespace) -> int:
     """`serve MODEL_DIR ...`: export each folder not exported yet with these options (the stamp of
     export.defaults: a second start skips it), into --repository; 0, or export's exit code."""
-    from pooltriton.core.resolve import ResolutionError
-    from pooltriton.export.build import ExportOptions
     from pooltriton.export.defaults import export_unless_current
 
     if args.name and len(args.models) > 1:
         print("pooltriton serve: --name names a single MODEL_DIR; several are named after their folders",
               file=sys.stderr)
         return 2
-    if not args.verbose:
-        from pooltriton.export.quiet import quiet_libraries
-
-        quiet_libraries()
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(ExportOptions) if hasattr(args, f.name)}
+    _quiet_unless_verbose(args)
     for model in args.models:
         name = args.name or served_name(model)
-        options = ExportOptions(**{**given, "name": name, "out": Path(args.repository),
-                                   "served_model_names": tuple(args.served_model_names)})
-        try:
-            export_unless_current(_local(model), options)
-        except ResolutionError as error:
-            print(f"pooltriton serve: {model}: {error}", file=sys.stderr)
-            return 2
-        except Exception as error:  # as export: one paragraph, nothing written for it
-            if os.environ.get("POOLTRITON_DEBUG"):
-                raise
-            print(f"pooltriton serve: {model}: {type(error).__name__}: {error} (POOLTRITON_DEBUG=1 shows the "
-                  "traceback.)", file=sys.stderr)
-            return 1
+        options = _options(args, name=name, out=Path(args.repository))
+        code = _exported(f"serve: {model}", name,
+                         lambda model=model, options=options: export_unless_current(_local(model), options))
+        if code:
+            return code
     return 0
 
 
