@@ -37,7 +37,7 @@ def small_queue(tmp_path_factory: pytest.TempPathFactory):
         if (REPOSITORY / stage).is_dir():
             shutil.copytree(REPOSITORY / stage, repository / stage)
     def small(message) -> None:
-        if message.HasField("dynamic_batching"):
+        if message.HasField("dynamic_batching") and message.backend not in ("scorer", "plugin"):
             policy = message.dynamic_batching.default_queue_policy
             policy.max_queue_size, policy.default_timeout_microseconds = QUEUE_SIZE, TIMEOUT_S * 10**6
         if message.backend in ("scorer", "plugin"):
@@ -166,7 +166,10 @@ def short_timeout(tmp_path_factory: pytest.TempPathFactory):
             shutil.copytree(REPOSITORY / stage, repository / stage)
 
     def short(message) -> None:
-        if message.HasField("dynamic_batching"):
+        if message.backend == "scorer":  # one caller, one waiting: the scorer's own queue overflows
+            assert message.HasField("dynamic_batching"), "the export gives the scorer a bounded queue"
+            message.instance_group[0].count, message.dynamic_batching.default_queue_policy.max_queue_size = 1, 1
+        elif message.HasField("dynamic_batching"):
             message.dynamic_batching.default_queue_policy.default_timeout_microseconds = ADMISSION_TIMEOUT_S * 10**6
 
     for config in repository.glob("*/config.pbtxt"):
@@ -250,3 +253,30 @@ def test_direct_grpc_clients_are_refused_at_once_by_the_work_queued_not_by_a_que
           f"({len(by_admission)} by admission; p99 {fast[min(len(fast) - 1, int(0.99 * len(fast)))] * 1000:.0f} ms)")
     assert fast[-1] < ADMISSION_TIMEOUT_S  # refused when they arrived (after tokenizing), none timed out
     assert max(seconds for _, seconds, _ in ok) < ADMISSION_TIMEOUT_S + 5  # the deadline, and a batch
+
+
+def test_the_scorers_own_queue_is_bounded_and_refuses_at_once(short_timeout) -> None:
+    """A scorer calls its ensemble through BLS and batches nothing (max_batch_size 0); without a queue
+    policy Triton queued its callers without bound. Here it has one instance and room for one more:
+    of ADMISSION_CLIENTS scores at once, the rest are refused retryably by the scorer's full queue."""
+    texts = _texts()[:8]
+
+    async def flood() -> list[tuple[str, float]]:
+        async with AsyncPoolingClient(short_timeout.grpc_url, retries=0) as client:
+            await client.info("minilm")
+
+            async def one() -> tuple[str, float]:
+                started = time.monotonic()
+                try:
+                    await client.score(texts[0], texts, model="minilm")
+                    return "ok", time.monotonic() - started
+                except Exception as error:
+                    assert classify(error).status == 503, error
+                    return str(error), time.monotonic() - started
+
+            return await asyncio.gather(*(one() for _ in range(ADMISSION_CLIENTS)))
+
+    outcomes = asyncio.run(flood())
+    full = [seconds for outcome, seconds in outcomes if "Exceeds maximum queue size" in outcome]
+    assert any(outcome == "ok" for outcome, _ in outcomes) and full, outcomes
+    print(f"\nscorer: {len(full)} of {len(outcomes)} refused by its queue (slowest refusal {max(full):.2f} s)")

@@ -59,6 +59,7 @@ from pooltriton.contract.config import (
     ModelConfig,
     QueuePolicy,
     Tensor,
+    caller_queue,
 )
 from pooltriton.contract.parameters import (
     EncoderParameters,
@@ -523,6 +524,7 @@ def pipeline_configs(
             inputs=[Tensor(QUERY, "TYPE_STRING", (-1,)), Tensor(DOCUMENTS, "TYPE_STRING", (-1,))],
             outputs=[Tensor(SCORES, "TYPE_FP32", (-1,)), tensors.prompt_tokens],
             instance_count=2,  # scoring waits on the ensemble it calls; two let requests overlap
+            dynamic_batching=caller_queue(options.queue_size),
             parameters=ScorerParameters(mode=mode, model=names.ensemble, output=output.name,
                                         template=options.score_template).to_parameters(),
         ))

@@ -9,11 +9,12 @@ from pooltriton.contract import (
     OUTPUT_NAMES,
     PLUGIN_INPUT,
     PLUGIN_OUTPUT,
+    QUEUE_SIZE,
     TOKEN_COUNTS,
     invalid_model_name,
     invalid_module_name,
 )
-from pooltriton.contract.config import ModelConfig, Tensor
+from pooltriton.contract.config import ModelConfig, Tensor, caller_queue
 from pooltriton.contract.parameters import PluginParameters
 from pooltriton.core.plugins import get_plugin
 from pooltriton.core.resolve import ResolutionError
@@ -33,5 +34,6 @@ def write_plugin(name: str, plugin: str, module: str | None, model: str, out: Pa
     return ModelConfig(
         name=name, backend="plugin", max_batch_size=0,
         inputs=[Tensor(PLUGIN_INPUT, "TYPE_STRING", (-1,))], outputs=[Tensor(PLUGIN_OUTPUT, "TYPE_STRING", (-1,))],
+        dynamic_batching=caller_queue(QUEUE_SIZE),
         parameters=PluginParameters(plugin=plugin, model=model, outputs=tuple(outputs), module=module).to_parameters(),
     ).write(out)
