@@ -32,3 +32,22 @@ def test_the_readme_is_a_page_a_newcomer_reads() -> None:
     assert max(map(len, prose)) <= 120, max(prose, key=len)
     cells = [cell.strip() for row in rows for cell in row.strip().strip("|").split("|")]
     assert max(map(len, cells)) <= 80, max(cells, key=len)
+
+
+def test_module_docstrings_say_what_and_why_and_link_the_designs() -> None:
+    """A module's docstring is a few lines (designs live in docs/design.md) and names no issue of a tracker
+    that is not in the repository (an upstream project's, "Triton issue N", is a reference)."""
+    import ast
+    import re
+
+    long, numbered = [], []
+    for path in sorted((ROOT / "src" / "pooltriton").rglob("*.py")):
+        text = path.read_text()
+        docstring = ast.get_docstring(ast.parse(text)) or ""
+        if len(docstring) > 1200:
+            long.append(f"{path.name}: {len(docstring)} characters")
+        numbered += [f"{path.name}: {m.group(0)}" for m in re.finditer(r"(?<!Triton )\bissues? \d+", text, re.I)]
+    assert not long and not numbered, (long, numbered)
+    design = (ROOT / "docs" / "design.md").read_text()
+    for heading in ("## Admission by work", "## Self-healing", "## int8", "## Coalescing", "## The served tokenizer"):
+        assert heading in design

@@ -3,7 +3,7 @@
 Triton hands the encoder requests of different lengths (`allow_ragged_batch`). We sort every text of
 every request by real length, cut the sorted list into chunks under a token budget, pad each chunk
 only to its own longest text, run the encoder once per chunk, and scatter rows back per request.
-Sorting keeps padding small however the requests arrive (issue 5's benchmark measures it).
+Sorting keeps padding small however the requests arrive (make bench measures it).
 """
 
 from __future__ import annotations

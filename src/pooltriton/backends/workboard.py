@@ -1,32 +1,6 @@
-"""Admission by work inside Triton, for every client (issue 19 item 4; the gateway's own is
-contract.admission): the tokenizer stage knows each request's tokens, the encoder stage how fast it
-clears them, and they share this board, a few numbers in a file under /dev/shm named after the server's
-shared-memory prefix. The last stage to leave removes it (a stage reloaded alone leaves it to the other,
-which still uses it); the launcher removes what a killed server left, with its other regions.
-
-One row per stage instance, written only by the process that claimed it, so the rows need no lock:
-8-byte aligned stores are atomic on x86-64 and ARM64, and a reader that sees one update half-done errs
-by one request (the shared rows below are written under the board's lock).
-Queued work = tokens the tokenizers admitted - tokens the encoders finished - work forgotten. A request
-Triton drops between the stages (its own or the queue's timeout, a cancellation, a full encoder queue)
-is never finished, so the tokenizers keep a log of what they admitted and when each request's timeout
-would drop it at the encoder's queue (the shorter of its own and the queue's, as Triton's queue policy
-applies them); the encoder takes each request it starts off the log by its token count and its own
-timeout (both stages see those; of equal ones, the earliest admitted: Triton's queue is first come,
-first served within a priority), and what is still on the log past its timeout never started: it is
-forgotten. A request that starts with no such entry left (forgotten a moment early, taken by an equal
-one that overtook it, or never admitted: a direct call) counts again until it finishes. Without the
-log, clients whose timeouts expire under sustained load left their work counted until the encoder
-idled, and the server refused everyone meanwhile (measured: 264 of 283 requests of well-behaved clients
-refused beside six clients with 0.2 s timeouts). A cancelled request keeps its timeout (Triton 2.51
-tells the stages nothing of it); the tokenizers also forget all but the work sent in the last moments
-when every encoder has idled for longer than Triton's batcher can leave a queued request waiting
-(STALL_S). Until then an idle encoder with nothing in transit to it takes one request
-whatever the estimate: dropped work must not keep a server with nothing to do refusing, and the request
-ends a stall. The tokenizer instances of one encoder admit as one: in turn, under the board's lock, with
-the work forgotten, the log and the work in transit on the board's shared rows. An encoder busy with one
-batch for longer than the deadline is wedged or far slower than measured: nothing is refused then (the
-supervisor's canary must reach it to see the wedge and restart it).
+"""Admission by work inside Triton, for every client: the board the tokenizer and encoder stages of one
+encoder share in /dev/shm (what was admitted, what was finished, how fast), and the rule the tokenizer
+admits by. Design: docs/design.md#inside-triton-backendsworkboard.
 """
 
 from __future__ import annotations
@@ -219,7 +193,7 @@ class EncoderRow(Board):
         batcher stall) is part of what clearing them took: Triton's batcher under a queue policy leaves
         queued requests up to 0.5 s after a batch when nothing arrives (STALL_S), which in a flood that
         refuses everyone is after nearly every batch. A rate per busy second alone is faster than the
-        queue clears by the clock, and admits work that may then expire in it (issue 52)."""
+        queue clears by the clock, and admits work that may then expire in it."""
         row = self.row
         idle = min(max(now - row[LAST_END], 0.0), STALL_S) if row[BACKLOG] else 0.0
         row[STALLED] = idle

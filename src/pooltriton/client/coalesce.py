@@ -1,20 +1,5 @@
-"""Concurrent small requests for one model as one Triton call (the gateway's many short requests).
-
-Per `merge_key` (model, options, priority) a lane lets `in_flight` calls run: a small request that
-finds a free slot and nobody waiting is sent at once, so an idle server answers it without any added
-wait. Others wait in the lane and leave merged (`contract.requests.merge`) when a call comes back, or at
-once when they fill `max_batch` texts (so under load more calls than `in_flight` run, each a full
-batch, and Triton's bounded queues refuse what they cannot hold, as they would the requests alone).
-Waiting is bounded by one batch per lane and lanes are dropped when idle, so nothing a client sends
-grows the gateway's state without bound.
-
-Each request keeps its own answer and its own error: a merged call that fails because of what a client
-sent (INVALID_ARGUMENT: one text too long, say) sends its requests again one by one, so only the one
-that caused it sees it; any other failure (queue full, server going away) fails every request in it,
-as each alone would have. A merged call whose callers have all gone (HTTP clients that disconnected)
-is cancelled; while one of them still waits, it runs. Triton still batches across lanes and clients
-with its dynamic batcher; this saves the per-request cost of every hop (HTTP/2 frames, the ensemble,
-each stage's request objects) for requests that would otherwise travel side by side.
+"""Concurrent small requests for one model and options as one Triton call, each keeping its own answer
+and error; bounded waiting, no added wait on an idle server. Design: docs/design.md#coalescing-clientcoalesce.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
-"""Admission by work, not by count (issue 19): a request that cannot be answered within its deadline,
-given the work already queued and its own, is refused at once with the wait it would have had, instead
-of waiting out a queue timeout.
-
-Pure and clocked from outside (like the retry policy): `Admission` tracks the tokens this front has in
-flight and the tokens per second the server has been clearing, both measured from the answers (usage
-counts the tokens each request cost; a text's tokens are estimated from its characters by the ratio
-the answers showed). The rate is measured only over time when this front has two requests or more in
-flight, each answer counting its tokens by the share of its own time in flight spent so: one request
-at a time shows a request's latency, not what the server clears with a backlog (after 40 idle short
-texts, a gateway refused 7 of 24 requests that all fit, answered within 6.5 s, by a wait it put at
-~25 s), and an answer counted whole for a moment's overlap would inflate the rate. Triton's own queues
-count requests, so 64 requests of 32 long texts fill no queue of 128 though they hold ~45 s of work;
-this counts the work.
+"""Admission by work, not by count: a request that could not be answered within its deadline, behind the
+work already queued, is refused at once with the wait it would have had. Pure and clocked from outside;
+the gateway's rule, and the one the tokenizer stage applies. Design: docs/design.md#admission-by-work.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Any
 FP32, BF16, FP16, INT8 = "fp32", "bf16", "fp16", "int8"
 CPU, CUDA = "cpu", "cuda"
 # Default verification bound per precision (export.verify says how each is applied; --tolerance overrides).
-# int8 (issue 19): cosine mean >= 0.999 and min >= 0.995, and retrieval neighbours as fp32's.
+# int8: cosine mean >= 0.999 and min >= 0.995, and retrieval neighbours as fp32's.
 TOLERANCES = {FP32: 1e-5, BF16: 0.005, FP16: 0.005, INT8: 0.001}
 # The minimum cosine of a reduced precision is 1 - this x its tolerance.
 MIN_COSINE_MULTIPLE = {BF16: 4, FP16: 4, INT8: 5}
@@ -65,7 +65,7 @@ RUNTIMES = {
     # On a GPU (the NGC image's native onnxruntime backend, CUDA execution provider; TensorRT optional)
     # the same device-independent file: it is exported and verified on the CPU.
     "onnx": Runtime("onnx", "onnxruntime", "model.onnx", (FP32,), (CPU, CUDA)),
-    # Same model.onnx, compiled by OpenVINO: faster fp32 on x86 CPUs and a bf16 path (issue 5); int8 is
+    # Same model.onnx, compiled by OpenVINO: faster fp32 on x86 CPUs and a bf16 path; int8 is
     # the model quantized by NNCF at export (export.quantize), saved as OpenVINO IR.
     "openvino": Runtime("openvino", "openvino", "model.onnx", (FP32, BF16, INT8), (CPU,),
                         filenames=((INT8, "model.xml"),)),

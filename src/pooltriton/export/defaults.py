@@ -67,8 +67,8 @@ class DefaultModel:
         return f"this CPU ({capabilities.cpu_class}) does not run {precision} natively"
 
 
-# OpenVINO compiles the same model.onnx ~1.25x faster than ONNX Runtime on x86 CPUs (issue 5's
-# benchmark). minilm_bf16 and minilm_int8 are the reduced-precision options, verified by cosine against
+# OpenVINO compiles the same model.onnx ~1.25x faster than ONNX Runtime on x86 CPUs (make bench).
+# minilm_bf16 and minilm_int8 are the reduced-precision options, verified by cosine against
 # fp32 (int8 also by retrieval neighbours), and exported only where the CPU runs them natively
 # (AVX512-BF16 / AMX; VNNI / AMX for int8): elsewhere they would run in fp32 or be emulated.
 DEFAULT_MODELS = (

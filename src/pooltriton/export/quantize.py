@@ -1,25 +1,6 @@
-"""int8 for the openvino runtime: int8 weights by NNCF, activations quantized at run time, with accuracy control.
-
-NNCF compresses every matrix product's weights to int8 (asymmetric, per output channel: data-free), and
-OpenVINO's CPU plugin quantizes each product's activations at run time per group of input channels, so
-the products run on VNNI/AMX int8 instructions with scales from the text being read rather than from a
-calibration set. Measured on MiniLM (docs/performance.md) this is both faster and ~5 x more exact than
-static post-training quantization, which missed the bound. Before that, SmoothQuant's migration
-(`smooth`): each product's input is divided per channel by scales taken from the activation ranges of
-the validation texts and its weights multiplied by them, exact in f32, so outlier channels stop setting
-the scale of their quantization group; that is what lets larger (faster) groups keep the bound. What is
-not an int8 product (attention, norms, products kept out of int8) runs in bf16 where the CPU has it
-natively and the plugin still quantizes the products' activations in bf16 (not on AMX hosts), else in
-fp32 (core.runtimes).
-
-Accuracy control then measures the int8 encoder against the fp32 one on held-out real sentences
-(export.corpus): it takes the largest activation group (INT8_ACTIVATION_GROUPS: larger is faster and
-less exact) whose metric has dropped by well within the tolerance; if even the smallest has not, it
-returns the products that lose most (ranked one by one on a subset) to float, in growing steps. The
-group goes into the IR's runtime options, so whatever compiles the file uses the group that was
-verified. The metric is min(mean cosine, 1 - (1 - min cosine) / 5), so a drop within 0.001 means
-mean >= 0.999 and min >= 0.995: the bound export.verify then checks against the user's library, with
-the retrieval check on text this step never saw.
+"""int8 for the openvino runtime: SmoothQuant, int8 weights by NNCF, activations quantized at run time
+per channel group, and accuracy control that picks the group (or returns products to float) within
+the bound. Design: docs/design.md#int8-exportquantize.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""An export's output is its own step lines and the verification result (issue 53): the libraries it
+"""An export's output is its own step lines and the verification result: the libraries it
 drives are told to keep their warnings and progress bars to themselves unless `--verbose`."""
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
-"""The tokenizer to serve: the one the model's own library runs, checked against that library.
-
-Verification feeds the same token ids to the export and to the reference, so it cannot see a difference
-in how text becomes tokens. transformers 5 builds many tokenizer classes' pipelines from code around
-tokenizer.json's vocabulary (Llama 2 / Mistral's Metaspace, Qwen2's split pattern, BERT's normaliser
-from tokenizer_config.json), so the file can tokenize otherwise than the library, and vLLM loads the
-library's (AutoTokenizer). So the export serves the library's own Rust tokenizer (its
-`backend_tokenizer`, the model's tokenizer.json where it has none), and before anything is exported
-compares the library's ids (and token types) with the served tokenizer's on mixed-case, accented, CJK,
-emoji, odd-whitespace and over-length texts: `SentenceTransformer.preprocess` for a
-sentence-transformers model (each of its prompts too), `CrossEncoder.preprocess` for its
-cross-encoders, else transformers' `AutoTokenizer`; text pairs too for a classifier, which scores
-pairs. What the library does outside its Rust tokenizer (a chat template sentence-transformers applies
-to a decoder's texts, its `do_lower_case`, the side a long text is cut on) shows as a difference, and
-the export is refused.
+"""The tokenizer to serve: the model's own library's Rust tokenizer, checked against that library on
+hard texts before anything is exported (verification cannot see tokenization: it feeds both sides the
+same ids). Design: docs/design.md#the-served-tokenizer-exporttokens.
 """
 
 from __future__ import annotations

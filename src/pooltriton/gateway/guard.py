@@ -1,7 +1,7 @@
 """API key, per-route metrics and the process-time header, as a plain ASGI middleware.
 
 Starlette's `BaseHTTPMiddleware` (`@app.middleware("http")`) took ~19 % of the gateway's time under
-short-request load (issue 19's profile): it wraps every response in a stream through an extra task.
+short-request load (profiled): it wraps every response in a stream through an extra task.
 This one only looks at the response's start message on its way out.
 """
 

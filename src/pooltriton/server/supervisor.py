@@ -1,28 +1,6 @@
-"""Self-healing: bring a stage back when its Python stub dies.
-
-Triton 2.51 does not restart a dead stub: the model keeps answering "Stub process ... is not healthy"
-(HTTP 500) and its readiness stays true. The server runs with `--model-control-mode=explicit` (every
-model loaded at start), its model-repository API closed to all but the admin key, and this
-supervisor watches the stub processes (by the server's shared-memory prefix in their command line).
-When one of a model's stubs is gone it unloads and loads that model again over the repository API:
-while the model is unloaded Triton's strict readiness is false (so are the gateway's `/health` and any
-probe on `/v2/health/ready`), and it is back with fresh stubs within seconds (~3 s for an encoder here).
-
-A wedged stage (stub alive, never answering) is found by a canary: every `canary_interval_s` each
-ensemble gets a one-text inference at the highest priority (it overtakes queued work, so it waits for
-at most the batch each stage is executing) with a deadline, and the decision is made by its status code
-and the stubs' process states, never by message text. INTERNAL (Triton's answer for a stub that stopped
-answering its health pings, among others): the ensemble's stubs the kernel shows cannot run (stopped,
-zombie, gone) are killed; with none such, only INTERNAL_STRIKES such canaries in a row count as a
-wedge (one stage's transient error is not). DEADLINE_EXCEEDED: the stubs of all the ensemble's stages
-are killed. The watch above then reloads them. Overload (UNAVAILABLE) and reloads are not wedges.
-
-A stub that dies while it executes a request leaks the old model inside Triton 2.51: the Python backend
-returns early from that execution without freeing the requests' response factories, which hold the
-model, so the unload never finishes (Triton's own stop then waits out its exit timeout, see
-`TritonServer.stop`) and the old model's other instances keep their stubs alive. So the stubs a
-reload replaces are retired: one still alive RETIRE_GRACE_S after its model was unloaded (an unloaded
-instance finishes its batch and exits well within that) is killed.
+"""Self-healing: reload a stage whose Python stub died (Triton 2.51 does not), find wedged stages with
+a canary inference (decided by status codes and process states, never message text), and kill the
+stubs a reload leaves behind. Design: docs/design.md#self-healing-serversupervisor.
 """
 
 from __future__ import annotations
