@@ -14,7 +14,7 @@ GATEWAY_PORT ?= 8080
 # pip's notes about this machine's local wheel mirror are noise.
 QUIET_PIP := { grep -v '^WARNING: Location' || true; }
 
-.PHONY: setup serve test docs bench bench-gpu wheelhouse image-wheelhouse image deploy-tools lint clean
+.PHONY: setup serve test test-fast docs bench bench-gpu wheelhouse image-wheelhouse image deploy-tools lint clean
 
 $(VENV)/.installed: requirements.txt requirements-serve.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,9 @@ serve: setup
 
 test: setup lint deploy-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: setup lint  # the tests that start no server, container or gateway
+	$(PY) -m pytest -m "not server" $(PYTEST_ARGS)
 
 # The docs site into build/site (`$(VENV)/bin/mkdocs serve` to read it while editing).
 docs: $(VENV)/.installed

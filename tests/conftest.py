@@ -162,3 +162,26 @@ def minilm_st():
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(str(minilm_path()), device="cpu")
+
+
+# What starts a real server (tritonserver, the gateway, a container); tests reaching one through their
+# fixtures or their own body are marked `server`, so `make test-fast` (-m "not server") runs the rest.
+_STARTS_A_SERVER = ("start_server(", "running_gateway(", "TritonServer(", "docker", "pooltriton.cli\", \"serve")
+
+
+def _starts_a_server(function) -> bool:
+    import inspect
+
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return False
+    return any(needle in source for needle in _STARTS_A_SERVER)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        fixtures = [d.func for defs in (info.name2fixturedefs.values() if info else ()) for d in defs]
+        if any(_starts_a_server(f) for f in [getattr(item, "function", None), *fixtures] if f is not None):
+            item.add_marker(pytest.mark.server)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.bench import MINILM_MODELS
 from pooltriton.core.capabilities import detect
 from pooltriton.export.defaults import exported_defaults
@@ -18,6 +20,7 @@ from conftest import REPOSITORY
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench.py"
 
 
+@pytest.mark.server
 def test_benchmark_end_to_end(tmp_path) -> None:
     out = tmp_path / "bench"
     result = subprocess.run(
@@ -60,6 +63,7 @@ def test_benchmark_end_to_end(tmp_path) -> None:
     assert "overload (minilm, 4 clients, 4 requests of 32 long texts, raw gRPC callers" in result.stdout
 
 
+@pytest.mark.server
 def test_gpu_benchmark_script_runs_on_the_cpu(tmp_path) -> None:
     """scripts/gpu_bench.sh without a GPU: TorchScript export, Triton, B on the same model.pt."""
     root = Path(__file__).resolve().parent.parent

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pytest
 from tiny_models import build_st
 
 from pooltriton.cli import served_name
@@ -50,6 +51,7 @@ def _serve_once(model: Path, work: Path, log: Path) -> np.ndarray:
     return np.array([item["embedding"] for item in answer.json()["data"]], dtype=np.float32)
 
 
+@pytest.mark.server
 def test_serve_exports_a_folder_then_serves_it_and_a_second_start_reuses_the_export(tmp_path: Path) -> None:
     from sentence_transformers import SentenceTransformer
 

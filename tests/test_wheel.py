@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from tiny_models import build
 
 from pooltriton.client import PoolingClient
@@ -29,6 +30,7 @@ def _run(command: list[str], cwd: Path, timeout: int = 300) -> str:
     return result.stdout
 
 
+@pytest.mark.server
 def test_the_built_wheel_exports_and_serves_from_a_fresh_venv(tmp_path: Path) -> None:
     source, dist = tmp_path / "source", tmp_path / "dist"  # a copy: building leaves nothing in the tree
     shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
