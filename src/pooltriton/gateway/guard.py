@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from starlette.datastructures import MutableHeaders
@@ -18,6 +19,11 @@ from starlette.responses import JSONResponse
 # Health checks (Kubernetes probes, SageMaker's /ping, text-embeddings-inference's GET /) carry no API key.
 OPEN_PATHS = frozenset({"/health", "/ping"})
 OPEN_GETS = frozenset({"/"})  # POST / is an inference
+
+# When this request's first service call started and its last one ended (written by serving.Serving's
+# calls, which may overlap): TEI's x-compute-time, the part of the answer's time spent in Triton. The guard
+# sets one per request.
+CALLS_SPAN: ContextVar[list[float] | None] = ContextVar("calls_span", default=None)
 
 class Guard:
     def __init__(self, app: Any, api_key: str | None, observe: Callable[[dict, int, float], None],
@@ -41,6 +47,8 @@ class Guard:
                 self.observe(scope, 401, time.monotonic() - started)
                 return
         status = 500
+        span = [float("inf"), float("-inf")]
+        CALLS_SPAN.set(span)
 
         async def send_with_time(message: dict) -> None:
             nonlocal status
@@ -51,7 +59,8 @@ class Guard:
                 headers.append("x-process-time-ms", f"{elapsed_ms:.1f}")
                 compute = scope.get("state", {}).get("compute")  # a TEI route's (app._metered)
                 if compute is not None:
-                    for name, value in (("x-compute-time", int(elapsed_ms)), ("x-total-time", int(elapsed_ms)),
+                    compute_ms = max(span[1] - span[0], 0.0) * 1000
+                    for name, value in (("x-compute-time", int(compute_ms)), ("x-total-time", int(elapsed_ms)),
                                         ("x-compute-characters", compute[0]), ("x-compute-tokens", compute[1])):
                         headers.append(name, str(value))
             await send(message)

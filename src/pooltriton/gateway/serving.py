@@ -7,6 +7,7 @@ import base64
 import itertools
 import json
 import sys
+import time
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
@@ -27,6 +28,7 @@ from pooltriton.contract.config import read_parameters
 from pooltriton.contract.requests import TokenPieces, classify
 from pooltriton.core.activation import normalize as unit
 from pooltriton.core.activation import sigmoid, softmax
+from pooltriton.gateway.guard import CALLS_SPAN
 from pooltriton.gateway.protocol import APIError
 
 T = TypeVar("T")
@@ -69,6 +71,7 @@ class Serving:
         its queue is full, the request waited past the queue timeout, or the tokenizer's admission by work
         refused it: 429 with Retry-After (as that refusal says, else RETRY_AFTER_S), the client's to retry;
         from a server that is not, 503."""
+        span, started = CALLS_SPAN.get(), time.monotonic()
         try:
             return await call
         except WrongTask as error:
@@ -85,6 +88,9 @@ class Serving:
                 raise APIError(429, f"overloaded, retry later: {failure.message}",
                                retry_after=failure.retry_after_s or RETRY_AFTER_S) from None
             raise APIError(failure.status, failure.message) from None
+        finally:
+            if span is not None:  # the guard's, for TEI's x-compute-time
+                span[0], span[1] = min(span[0], started), max(span[1], time.monotonic())
 
 
 def as_texts(value: Any, field: str = "input") -> list[str]:
