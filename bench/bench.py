@@ -381,6 +381,43 @@ async def overload_grpc(grpc_url: str, texts: list[str], model: str, clients: in
     return {**_overload_figures(outcomes), "model": model, "clients": clients, "batch": batch, "seconds": seconds}
 
 
+async def overload_kserve_http(http_url: str, texts: list[str], model: str, clients: int, per_client: int,
+                               tokens_of, batch: int = 32) -> dict:
+    """The same overload over KServe v2 HTTP (`/v2/models/<model>/infer`), as the fresh server's first
+    traffic: no warm-up, so admission has only the rate each encoder timed at load. Goodput: the tokens
+    of the answered requests (`tokens_of(body)`) per second of the flood."""
+    import aiohttp
+
+    from pooltriton.contract.admission import retry_after_in
+
+    requests = [texts[(i * batch) % len(texts):][:batch] or texts[:batch] for i in range(clients * per_client)]
+    url = f"http://{http_url}/v2/models/{model}/infer"
+    outcomes: list[tuple[str, float]] = []
+    answered_tokens = 0
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as http:
+        async def caller(index: int) -> None:
+            nonlocal answered_tokens
+            for body in requests[index::clients]:
+                started = time.perf_counter()
+                payload = {"inputs": [{"name": TEXT, "shape": [len(body), 1], "datatype": "BYTES", "data": body}]}
+                async with http.post(url, json=payload) as answer:
+                    text = await answer.text()  # Triton's errors: {"error": ...} as text/plain
+                    message = "" if answer.status == 200 else str(json.loads(text).get("error", text))
+                seconds = time.perf_counter() - started
+                if answer.status == 200:
+                    answered_tokens += tokens_of(body)
+                kind = ("answered" if answer.status == 200 else "refused" if retry_after_in(message) is not None
+                        else "expired" if "timeout expired" in message.lower() else "other")
+                outcomes.append((kind, seconds))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(caller(i) for i in range(clients)))
+        seconds = time.perf_counter() - started
+    return {**_overload_figures(outcomes), "model": model, "clients": clients, "batch": batch, "seconds": seconds,
+            "answered_tokens_per_s": answered_tokens / seconds}
+
+
 def start_gateway(grpc_url: str, port: int, log: Path, *options: str):
     """The gateway as deployed: its own process (`python -m pooltriton.gateway`), ready when /health is."""
     import subprocess
@@ -434,6 +471,11 @@ def run(repository: Path, out: Path, count: int, concurrencies: list[int], grpc_
         results: dict = {"corpus": {"texts": count, "real_tokens": real_tokens, "short_real_tokens": short_tokens},
                          "models": list(models), "served": [], "served_short": [], "served_latency": [],
                          "gateway_short": []}
+        long_texts = sorted(texts, key=len)[len(texts) // 2:]  # the longer half: requests of real work
+        if server is not None:  # first, while the server is fresh: the cold board
+            results["overload_kserve_http"] = asyncio.run(overload_kserve_http(
+                server.http_url, long_texts, models[0], overload_clients, overload_per_client,
+                lambda body: sum(baseline.tokenizer.lengths(body))))
         results["baseline_sorted"] = baseline.throughput(texts, sort=True)
         results["baseline_corpus_order"] = baseline.throughput(texts, sort=False)
         results["baseline_short"] = baseline.throughput(shorts, sort=True)
@@ -462,7 +504,6 @@ def run(repository: Path, out: Path, count: int, concurrencies: list[int], grpc_
             results[f"{key}gateway_latency"] = [{"model": model, **values} for model, values in through.items()]
         # Overload last (it leaves queues full for a while): from raw gRPC callers (the deadline is Triton's
         # queue timeout), then through a gateway of its own with the deadline.
-        long_texts = sorted(texts, key=len)[len(texts) // 2:]  # the longer half: requests of real work
         results["overload_grpc"] = asyncio.run(overload_grpc(grpc_url, long_texts, models[0], overload_clients,
                                                              overload_per_client))
         gateway.terminate()
@@ -543,7 +584,10 @@ def gateway_ratios(results: dict) -> list[str]:
 
 def overload_lines(results: dict) -> list[str]:
     lines = []
-    for key, path in (("overload_grpc", "raw gRPC callers, Triton's queue timeout"),
+    capacity = max((item["tokens_per_s"] for item in results.get("served", [])
+                    if item["model"] == results["models"][0]), default=None)
+    for key, path in (("overload_kserve_http", "KServe HTTP, a fresh server's first traffic"),
+                      ("overload_grpc", "raw gRPC callers, Triton's queue timeout"),
                       ("overload", "through the gateway")):
         item = results.get(key)
         if not item:
@@ -556,6 +600,10 @@ def overload_lines(results: dict) -> list[str]:
                      f"{item['batch']} long texts, {deadline}{path}): {item['answered']} answered ({answer}), "
                      f"{item['refused']} refused at once (p99 {refusal}), {item.get('expired', 0)} expired, "
                      f"{item['other']} other errors")
+        if "answered_tokens_per_s" in item and capacity:
+            lines.append(f"  goodput: {item['answered_tokens_per_s']:.0f} answered tokens/s over the flood's "
+                         f"{item['seconds']:.1f} s = {item['answered_tokens_per_s'] / capacity:.2f} x the best served "
+                         f"rate of this run ({capacity:.0f} tokens/s)")
     return lines
 
 

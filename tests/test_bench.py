@@ -60,6 +60,9 @@ def test_benchmark_end_to_end(tmp_path) -> None:
     assert "overload (minilm, 4 clients, 4 requests of 32 long texts, deadline 30 s" in result.stdout
     direct = data["overload_grpc"]
     assert direct["requests"] == 4 and direct["answered"] + direct["refused"] == 4 and direct["other"] == 0
+    cold = data["overload_kserve_http"]  # the fresh server's first traffic, over KServe HTTP
+    assert cold["requests"] == 4 and cold["answered"] + cold["refused"] == 4 and cold["expired"] == cold["other"] == 0
+    assert cold["answered"] and cold["answered_tokens_per_s"] > 0 and "goodput: " in result.stdout
     assert "overload (minilm, 4 clients, 4 requests of 32 long texts, raw gRPC callers" in result.stdout
 
 
