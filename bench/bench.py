@@ -301,7 +301,7 @@ async def overload(base_url: str, texts: list[str], model: str, clients: int, pe
     import aiohttp
 
     url = f"{base_url}/v1/embeddings"
-    requests = [texts[(i * batch) % len(texts):][:batch] or texts[:batch] for i in range(clients * per_client)]
+    requests = _flood_requests(texts, clients * per_client, batch)
     outcomes: list[tuple[int, float]] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as http:
         async def warm(body: list[str]) -> None:
@@ -326,6 +326,21 @@ async def overload(base_url: str, texts: list[str], model: str, clients: int, pe
             "model": model, "clients": clients, "batch": batch, "deadline_s": deadline_s, "seconds": seconds}
 
 
+def _flood_requests(texts: list[str], count: int, batch: int) -> list[list[str]]:
+    """`count` requests of `batch` consecutive texts, wrapping around the corpus."""
+    return [texts[(i * batch) % len(texts):][:batch] or texts[:batch] for i in range(count)]
+
+
+def _refusal_kind(message: str) -> str:
+    """A Triton error as the overload counts it: refused by admission (it says when to retry), expired
+    (admitted work lost to a queue timeout), or other."""
+    from pooltriton.contract.admission import retry_after_in
+
+    if retry_after_in(message) is not None:
+        return "refused"
+    return "expired" if "timeout expired" in message.lower() else "other"
+
+
 def _overload_figures(outcomes: list[tuple[str, float]]) -> dict:
     """Counts and times of (answered / refused / other, seconds) outcomes."""
     answered = [t for kind, t in outcomes if kind == "answered"]
@@ -346,10 +361,9 @@ async def overload_grpc(grpc_url: str, texts: list[str], model: str, clients: in
     import tritonclient.grpc.aio as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    from pooltriton.contract.admission import retry_after_in
     from pooltriton.contract.requests import text_array
 
-    requests = [texts[(i * batch) % len(texts):][:batch] or texts[:batch] for i in range(clients * per_client)]
+    requests = _flood_requests(texts, clients * per_client, batch)
     client = grpcclient.InferenceServerClient(grpc_url)
     outcomes: list[tuple[str, float]] = []
 
@@ -360,9 +374,7 @@ async def overload_grpc(grpc_url: str, texts: list[str], model: str, clients: in
             await client.infer(model, [tensor])
             return "answered"
         except InferenceServerException as error:
-            if retry_after_in(str(error)) is not None:
-                return "refused"
-            return "expired" if "timeout expired" in str(error).lower() else "other"
+            return _refusal_kind(str(error))
 
     try:
         for body in requests[:warm_up]:
@@ -385,31 +397,37 @@ async def overload_kserve_http(http_url: str, texts: list[str], model: str, clie
                                tokens_of, batch: int = 32) -> dict:
     """The same overload over KServe v2 HTTP (`/v2/models/<model>/infer`), as the fresh server's first
     traffic: no warm-up, so admission has only the rate each encoder timed at load. Goodput: the tokens
-    of the answered requests (`tokens_of(body)`) per second of the flood."""
+    of the answered requests (`tokens_of(body)`, counted before the flood) per second of the flood."""
     import aiohttp
 
-    from pooltriton.contract.admission import retry_after_in
-
-    requests = [texts[(i * batch) % len(texts):][:batch] or texts[:batch] for i in range(clients * per_client)]
+    requests = _flood_requests(texts, clients * per_client, batch)
+    tokens = [tokens_of(body) for body in requests]
     url = f"http://{http_url}/v2/models/{model}/infer"
     outcomes: list[tuple[str, float]] = []
     answered_tokens = 0
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as http:
-        async def caller(index: int) -> None:
-            nonlocal answered_tokens
-            for body in requests[index::clients]:
-                started = time.perf_counter()
-                payload = {"inputs": [{"name": TEXT, "shape": [len(body), 1], "datatype": "BYTES", "data": body}]}
+        async def one(body: list[str]) -> str:
+            payload = {"inputs": [{"name": TEXT, "shape": [len(body), 1], "datatype": "BYTES", "data": body}]}
+            try:
                 async with http.post(url, json=payload) as answer:
                     text = await answer.text()  # Triton's errors: {"error": ...} as text/plain
-                    message = "" if answer.status == 200 else str(json.loads(text).get("error", text))
-                seconds = time.perf_counter() - started
-                if answer.status == 200:
-                    answered_tokens += tokens_of(body)
-                kind = ("answered" if answer.status == 200 else "refused" if retry_after_in(message) is not None
-                        else "expired" if "timeout expired" in message.lower() else "other")
-                outcomes.append((kind, seconds))
+            except aiohttp.ClientError:
+                return "other"
+            if answer.status == 200:
+                return "answered"
+            try:
+                return _refusal_kind(str(json.loads(text).get("error", text)))
+            except (ValueError, AttributeError):
+                return "other"
+
+        async def caller(index: int) -> None:
+            nonlocal answered_tokens
+            for number in range(index, len(requests), clients):
+                started = time.perf_counter()
+                kind = await one(requests[number])
+                outcomes.append((kind, time.perf_counter() - started))
+                answered_tokens += tokens[number] if kind == "answered" else 0
 
         started = time.perf_counter()
         await asyncio.gather(*(caller(i) for i in range(clients)))

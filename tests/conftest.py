@@ -166,7 +166,7 @@ def minilm_st():
 
 # What starts a real server (tritonserver, the gateway, a container); tests reaching one through their
 # fixtures or their own body are marked `server`, so `make test-fast` (-m "not server") runs the rest.
-_STARTS_A_SERVER = ("start_server(", "running_gateway(", "TritonServer(", "docker", "pooltriton.cli\", \"serve")
+_STARTS_A_SERVER = ("start_server(", "running_gateway(", "TritonServer(", "dockerd", "pooltriton.cli\", \"serve")
 
 
 def _starts_a_server(function) -> bool:

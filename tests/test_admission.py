@@ -331,7 +331,7 @@ def test_an_encoder_that_timed_a_batch_at_load_lets_a_fresh_server_refuse_a_floo
     path = tmp_path / "board"
     encoder, tokenizer = EncoderRow(path), TokenizerRow(path, deadline_s=10.0)
     now = time.monotonic()
-    encoder.primed(8000, 1.0 - STALL_S, now)  # 8,000 tokens/s of work, a stall counted: 8,000 tokens/s
+    encoder.primed(8000, 1.0 - STALL_S)  # 8,000 tokens/s of work, a stall counted: 8,000 tokens/s
     assert tokenizer.tokens_per_s() == pytest.approx(8000)
     answers = tokenizer.admit_all([8000] * 20, now=now)  # 160,000 tokens: 20 s at that rate
     fits = int(10.0 * DEADLINE_SHARE * 8000 / 8000)
@@ -342,8 +342,24 @@ def test_an_encoder_that_timed_a_batch_at_load_lets_a_fresh_server_refuse_a_floo
     for batch in range(40):  # a real rate, four times faster, takes over
         encoder.started(now + batch * 0.1)
         encoder.finished(3200, 0.1, now + batch * 0.1 + 0.1)
-    assert 25000 < tokenizer.tokens_per_s() < 32000  # 136,000 tokens in 5 s, the load's share decayed
+    assert 25000 < tokenizer.tokens_per_s() < 32000  # ~120,000 tokens (decayed) in ~4 s, the prior 1 s
     for row in (tokenizer, encoder, unprimed, cold):
+        row.close()
+
+
+def test_idle_minutes_of_tiny_batches_do_not_replace_the_rate_timed_at_load(tmp_path) -> None:
+    """The supervisor's canary sends one short text every 10 s. Time alone decayed the measured rate, so
+    on an idle server the canaries' rate (a single text's speed, per-call overhead and all) was all that
+    was left, far below what a flood clears; the load's prior is not decayed by time."""
+    path = tmp_path / "board"
+    encoder, tokenizer = EncoderRow(path), TokenizerRow(path, deadline_s=10.0)
+    encoder.primed(8000, 1.0 - STALL_S)
+    now = time.monotonic()
+    for canary in range(60):  # ten idle minutes: 5 tokens in 5 ms every 10 s (1,000 tokens/s)
+        encoder.started(now + 10 * canary)
+        encoder.finished(5, 0.005, now + 10 * canary + 0.005)
+    assert tokenizer.tokens_per_s() == pytest.approx(8000, rel=0.05)
+    for row in (tokenizer, encoder):
         row.close()
 
 

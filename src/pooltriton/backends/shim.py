@@ -25,9 +25,9 @@ from pooltriton.backends.workboard import EncoderRow, board_path, stub_argv
 from pooltriton.contract import ATTENTION_MASK, INPUT_IDS
 from pooltriton.contract.parameters import EncoderParameters
 
-# The batch an encoder times at load for admission's first rate: flood-sized rows, at most this wide
-# (wider rows cost more per token: attention grows with the square of the length).
-PRIME_TOKENS = 4 * TOKEN_BUDGET
+# The batch an encoder times at load for admission's first rate: a few chunks of flood-sized rows, at
+# most this wide (wider rows cost more per token: attention grows with the square of the length).
+PRIME_CHUNKS, PRIME_MAX_TOKENS = 4, 32768
 PRIME_WIDTH = 512
 PRIME_LONG_S = 4.0  # a first run this long is timed as it is (a large model on the CPU: load stays short)
 
@@ -72,27 +72,28 @@ class EncoderShim:
             except OSError as error:
                 pb_utils.Logger.log_warn(f"{model.name}: no admission by work ({error})")
         self.memory = None
+        instances = sum(group.get("count", 1) for group in model.config.get("instance_group", [])) or 1
         if parameters.memory_per_token is not None and parameters.memory_per_attention_cell is not None:
-            instances = sum(group.get("count", 1) for group in model.config.get("instance_group", [])) or 1
             budget = memory_budget(parameters.memory_budget, instances * self.concurrent_chunks,
                                    self.device_memory())
             self.memory = MemoryModel(parameters.memory_per_token, parameters.memory_per_attention_cell, budget)
         if self.board is not None:
-            self._prime(model)
+            self._prime(model, instances)
 
-    def _prime(self, model: ModelArgs) -> None:
-        """Time one batch of PRIME_TOKENS synthetic tokens (after an untimed run: allocation, compilation)
-        so that admission has this encoder's rate before its first answers (EncoderRow.primed)."""
+    def _prime(self, model: ModelArgs, instances: int) -> None:
+        """Time one flood-sized batch of synthetic tokens (after an untimed run: allocation, compilation)
+        so that admission has this encoder's rate before its first answers (EncoderRow.primed). Each
+        instance is timed alone but they share the device, so each publishes its share of that rate."""
         width = max(1, min(self.max_width or PRIME_WIDTH, PRIME_WIDTH))
-        rows = max(1, PRIME_TOKENS // width)
-        feeds = {tensor["name"]: self._synthetic(tensor, rows, width) for tensor in model.config["input"]}
+        rows = max(1, min(PRIME_CHUNKS * self.token_budget, PRIME_MAX_TOKENS) // width)
         try:
+            feeds = {tensor["name"]: self._synthetic(tensor, rows, width) for tensor in model.config["input"]}
             with _alone(model.version_dir.parent.parent):
                 seconds = self._time_prime(feeds)
         except Exception as error:  # admission then waits for measured batches
             pb_utils.Logger.log_warn(f"{model.name}: no rate measured at load ({error})")
             return
-        self.board.primed(rows * width, seconds, time.monotonic())
+        self.board.primed(rows * width / instances, seconds)
         pb_utils.Logger.log_info(f"{model.name}: {rows * width} tokens in {seconds:.3f} s at load (admission's rate)")
 
     def _time_prime(self, feeds: dict[str, np.ndarray]) -> float:

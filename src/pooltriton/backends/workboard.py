@@ -23,10 +23,10 @@ SLOTS = 32  # stage instances per encoder (tokenizers and encoders together)
 # OWNER and BORN: the process holding a row (pid, its start time); 0 when it left. LAST_END: an encoder's
 # last batch's end, a tokenizer's last admission. STARTED: the encoder's current batch's start. BACKLOG:
 # 1 when its last batch ended with admitted requests still waiting; STALLED: the idle time before the
-# current batch that counts as clearing time (EncoderRow.started). PRIMED: 1 once the encoder timed a
-# batch at load (EncoderRow.primed), so its rate counts before it answered anything.
+# current batch that counts as clearing time (EncoderRow.started). PRIME_TOKENS, PRIME_BUSY: what the
+# encoder timed at load (EncoderRow.primed), a prior the rate always counts and time does not decay.
 (OWNER, ROLE, TOTAL, BUSY, LAST_END, RATE_TOKENS, RATE_BUSY, RATE_AT, BATCHES, BORN, STARTED,
- BACKLOG, STALLED, PRIMED) = range(14)
+ BACKLOG, STALLED, PRIME_TOKENS, PRIME_BUSY) = range(15)
 FIELDS = 16  # room to grow
 TOKENIZER, ENCODER = 1.0, 2.0
 # A request the tokenizer admitted reaches an idle encoder within this (the ensemble's hop, ~1 ms).
@@ -200,14 +200,14 @@ class EncoderRow(Board):
         row[STARTED] = now
         row[BUSY] = 1.0
 
-    def primed(self, tokens: int, seconds: float, now: float) -> None:
-        """The encoder cleared `tokens` in `seconds` at load: its rate until real batches outweigh it,
-        counted with a batcher stall (as in a flood, where nearly every batch has one), so it errs slow.
-        Without it a fresh server admits everything until MIN_ANSWERS batches answered, and a flood that
-        arrives first is admitted whole and expires in the queue."""
-        row = self.row
-        row[RATE_TOKENS], row[RATE_BUSY], row[RATE_AT] = float(tokens), seconds + STALL_S, now
-        row[PRIMED] = 1.0
+    def primed(self, tokens: float, seconds: float) -> None:
+        """The encoder cleared `tokens` in `seconds` at load: a prior worth one batch that the rate always
+        counts, with a batcher stall (as in a flood, where nearly every batch has one), so it errs slow.
+        Without it a fresh server admits everything until MIN_ANSWERS batches answered (a flood that
+        arrives first is admitted whole and expires in the queue), and an idle one rates by its last
+        small batches (the canary's single texts), far below what it clears in a flood. Not decayed by
+        time: idle minutes must not leave the rate to a few tiny batches."""
+        self.row[PRIME_TOKENS], self.row[PRIME_BUSY] = float(tokens), seconds + STALL_S
 
     def took(self, requests: list[int], timeouts_s: list[float | None] | None = None) -> None:
         """The started batch's requests (their tokens, their own timeouts) leave the tokenizers' log: of
@@ -272,12 +272,13 @@ class TokenizerRow(Board):
     def tokens_per_s(self, encoders: np.ndarray | None = None) -> float | None:
         """What the live encoders (`encoders`, read now if not given) clear per second of work and of the
         stalls before batches that had requests waiting (EncoderRow.started), summed; None before
-        MIN_ANSWERS batches unless an encoder timed a batch at load (EncoderRow.primed)."""
+        MIN_ANSWERS batches unless an encoder timed a batch at load (EncoderRow.primed: counted too)."""
         encoders = self._live(ENCODER) if encoders is None else encoders
-        if encoders[:, BATCHES].sum() < MIN_ANSWERS and not encoders[:, PRIMED].any():
+        if encoders[:, BATCHES].sum() < MIN_ANSWERS and not encoders[:, PRIME_BUSY].any():
             return None
-        measured = encoders[encoders[:, RATE_BUSY] > 0]
-        rate = float((measured[:, RATE_TOKENS] / measured[:, RATE_BUSY]).sum())
+        tokens = encoders[:, RATE_TOKENS] + encoders[:, PRIME_TOKENS]
+        busy = encoders[:, RATE_BUSY] + encoders[:, PRIME_BUSY]
+        rate = float((tokens[busy > 0] / busy[busy > 0]).sum())
         return rate if rate > 0 else None
 
     @staticmethod

@@ -44,8 +44,8 @@ class DynamicBatching:
 def caller_queue(max_queue_size: int) -> DynamicBatching:
     """The queue of a stage that calls an ensemble through BLS (scorer, plugin; max_batch_size 0, so
     Triton batches nothing): at most `max_queue_size` waiting, more rejected at once (Triton's default
-    scheduler queues without bound). No timeout of its own: the ensemble it calls admits by work, and a
-    request's own timeout still applies."""
+    scheduler queues without bound). No queue timeout of its own, so the stage's policy expires nothing
+    that waits there; the ensemble it calls admits by work and applies its queue timeout."""
     return DynamicBatching(max_queue_delay_microseconds=0, queue=QueuePolicy(max_queue_size, 0))
 
 

@@ -25,6 +25,7 @@ OPEN_GETS = frozenset({"/"})  # POST / is an inference
 # sets one per request.
 CALLS_SPAN: ContextVar[list[float] | None] = ContextVar("calls_span", default=None)
 
+
 class Guard:
     def __init__(self, app: Any, api_key: str | None, observe: Callable[[dict, int, float], None],
                  error_body: Callable[..., dict]) -> None:
