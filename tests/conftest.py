@@ -185,3 +185,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         fixtures = [d.func for defs in (info.name2fixturedefs.values() if info else ()) for d in defs]
         if any(_starts_a_server(f) for f in [getattr(item, "function", None), *fixtures] if f is not None):
             item.add_marker(pytest.mark.server)
+
+
+# The gateway's route tests (test_gateway_*.py but test_gateway.py, which serves a real Triton): a fake client.
+@pytest.fixture
+def fake():
+    from gateway_fake import FakeClient
+
+    return FakeClient()
+
+
+@pytest.fixture
+def http(fake):
+    from fastapi.testclient import TestClient
+
+    from pooltriton.gateway import create_app
+
+    with TestClient(create_app("unused:0", client=fake)) as client:
+        yield client

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from test_gateway_routes import FakeClient
+from gateway_fake import FakeClient
 
 from pooltriton.backends.workboard import (
     BACKLOG,

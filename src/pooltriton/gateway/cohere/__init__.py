@@ -1,0 +1,1 @@
+"""Cohere's dialect: /v1/embed and /v2/embed."""

@@ -1,0 +1,1 @@
+"""OpenAI's and vLLM's dialect: /v1/embeddings, /classify, /score, /rerank, /pooling, /tokenize, /detokenize."""

@@ -1,0 +1,1 @@
+"""SageMaker's dialect: /invocations and /ping."""

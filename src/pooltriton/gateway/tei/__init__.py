@@ -1,0 +1,1 @@
+"""text-embeddings-inference's dialect: its routes, bodies, answers and error shape."""
