@@ -480,3 +480,23 @@ def test_a_static_embedding_is_exported_in_fp32_and_refused_in_int8_or_without_s
     (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
     with pytest.raises(ResolutionError, match=r"has no model\.safetensors"):
         resolve(folder)
+
+
+def test_each_model_family_is_one_module_registered_by_its_model_types() -> None:
+    """Adding a family is a module under core/families and a line in FAMILIES (docs/architecture.md)."""
+    import importlib
+    import pkgutil
+
+    from pooltriton.core import families
+
+    registered = {id(family) for family in families.FAMILIES}
+    for module in pkgutil.iter_modules(families.__path__):
+        if module.name == "family":
+            continue
+        own = [value for value in vars(importlib.import_module(f"{families.__name__}.{module.name}")).values()
+               if isinstance(value, families.Family)]
+        assert own and all(id(family) in registered for family in own), module.name
+    types = [model_type for family in families.FAMILIES for model_type in family.model_types]
+    assert len(types) == len(set(types))  # one family per model type
+    assert families.family_of("bert").cls_default and families.family_of("qwen3").decoder
+    assert not families.family_of("clip").supported and not families.family_of(None).supported

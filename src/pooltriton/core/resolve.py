@@ -11,6 +11,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pooltriton.core.families import (
+    FAMILIES,
+    Family,
+    ResolutionError,
+    family_of,
+    gte,
+    model_types,
+    ported,
+    static_embedding,
+)
 from pooltriton.core.semantics import Activation, PoolingType, Task, default_activation
 
 EXPLICIT = "explicit"
@@ -25,41 +35,24 @@ MODEL_FILES = "model-files"  # a file of the model folder decided it (BGE-M3's h
 # normalize(colbert_linear(h)) for every token but <s>. Its dense embedding is the folder's CLS pipeline.
 M3_HEADS = {Task.TOKEN_CLASSIFY: "sparse_linear.pt", Task.TOKEN_EMBED: "colbert_linear.pt"}
 
-# Model facts, decided here once and carried in the resolved configuration (the encoder wrapper reads
-# them from there): which families are decoders (causal mask, LAST pooling), which encoders pool the
-# first token by default (vLLM's architecture overrides), and whose classification head pools inside.
-DECODER_MODEL_TYPES = frozenset(
-    {"gpt2", "qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3", "gemma3_text", "phi3", "gpt_neox",
-     "opt"}
-)
+# Model facts, decided here once from each family's module (core.families) and carried in the resolved
+# configuration (the encoder wrapper reads them from there).
+DECODER_MODEL_TYPES = model_types(lambda family: family.decoder)
 # What an export may serve: the families the test matrix exports, serves and compares with transformers /
 # sentence-transformers (docs/models.md). Anything else is refused at export, by name.
-SUPPORTED_MODEL_TYPES = frozenset(
-    {"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "mpnet", "deberta-v2", "modernbert",
-     "nomic_bert", "gte", "bart", "t5", "gpt2", "qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3_text",
-     "static_embedding"}
-)
-# Of those, families the matrix proves for one use only (export.build.check_supported refuses the rest):
-# BART as a sequence classifier (bart-large-mnli's NLI head reads the decoder's state at the last </s>, LAST
-# pooling of the decoder here); T5 as the encoder of a sentence-transformers embedding (sentence-t5, GTR:
-# T5EncoderModel, no decoder).
-ONE_USE_MODEL_TYPES = {"bart": "classify", "t5": "embed", "static_embedding": "embed"}
-# Families whose activations overflow fp16 (transformers keeps T5's feed-forward output layers in fp32): a
-# GPU export in auto precision runs them in fp32, and an explicit fp16 is refused.
-FP16_OVERFLOW_MODEL_TYPES = frozenset({"t5"})
-# Encoder-decoder families whose embeddings come from the encoder alone (transformers' AutoModelForTextEncoding).
-TEXT_ENCODER_MODEL_TYPES = frozenset({"t5"})
-# Families whose attention builds its own masks from the plain 0/1 mask (DeBERTa's relative attention
-# reads it as a boolean): they get that mask, not the additive 4-D one.
-PLAIN_MASK_MODEL_TYPES = frozenset({"deberta", "deberta-v2"})
-# RoBERTa-family position ids start after the padding index: the table holds that many fewer positions.
-POSITION_OFFSET_MODEL_TYPES = frozenset({"roberta", "xlm-roberta", "mpnet", "camembert"})
-CLS_DEFAULT_MODEL_TYPES = frozenset(
-    {"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "deberta", "deberta-v2", "modernbert",
-     "mpnet", "nomic_bert", "gte"}
-)
-# Encoder classifiers whose head takes the first token itself (BERT: CLS + dense + tanh): run whole.
-SELF_POOLING_HEAD_MODEL_TYPES = CLS_DEFAULT_MODEL_TYPES - {"modernbert"}
+SUPPORTED_MODEL_TYPES = model_types(lambda family: family.supported)
+# Of those, families the matrix proves for one use only (export.build.check_supported refuses the rest).
+ONE_USE_MODEL_TYPES = {model_type: family.one_use for family in FAMILIES if family.one_use
+                       for model_type in family.model_types}
+FP16_OVERFLOW_MODEL_TYPES = model_types(lambda family: family.fp16_overflow)
+TEXT_ENCODER_MODEL_TYPES = model_types(lambda family: family.text_encoder)
+PLAIN_MASK_MODEL_TYPES = model_types(lambda family: family.plain_mask)
+POSITION_OFFSET_MODEL_TYPES = model_types(lambda family: family.position_offset)
+CLS_DEFAULT_MODEL_TYPES = model_types(lambda family: family.cls_default)
+SELF_POOLING_HEAD_MODEL_TYPES = model_types(lambda family: family.self_pooling_head)
+BIDIRECTIONAL_FLAG_MODEL_TYPES = model_types(lambda family: family.bidirectional_flag)
+STATIC_EMBEDDING, STATIC_MAX_LENGTH = static_embedding.MODEL_TYPE, static_embedding.MAX_LENGTH
+static_module, static_config = static_embedding.module, static_embedding.config
 # Older sentence-transformers Pooling configs use one boolean per mode.
 _ST_BOOLEAN_MODES = {
     "pooling_mode_cls_token": PoolingType.CLS,
@@ -82,46 +75,6 @@ _PROBLEM_TYPE_ACTIVATION = {
     "multi_label_classification": Activation.SIGMOID,
 }
 _TORCH_ACTIVATIONS = {"Sigmoid": Activation.SIGMOID, "Softmax": Activation.SOFTMAX, "Identity": Activation.IDENTITY}
-
-
-class ResolutionError(ValueError):
-    """The model cannot serve what was asked; raised at export, never a silent fallback."""
-
-
-# sentence-transformers' StaticEmbedding (static-retrieval-mrl, model2vec's potion models): a table of token
-# vectors averaged over a text's tokens, no special tokens, no attention and no position limit. It has no
-# transformers config; its folder is described here as one (static_config), under this model type.
-STATIC_EMBEDDING = "static_embedding"
-# The tokens one text may have: the model has no limit of its own (the library reads any length); --max-length
-# sets another.
-STATIC_MAX_LENGTH = 8192
-_STATIC_WEIGHTS = ("embedding.weight", "embeddings")  # sentence-transformers' name, model2vec's
-
-
-def static_module(root: Path, modules: list[dict[str, Any]] | None) -> Path | None:
-    """The folder of a StaticEmbedding that a sentence-transformers pipeline starts with (None: it does not)."""
-    first = (modules or [{}])[0]
-    if not str(first.get("type", "")).endswith(".StaticEmbedding"):
-        return None
-    return root / str(first.get("path") or "")
-
-
-def static_config(module: Path) -> dict[str, Any]:
-    """A StaticEmbedding's table as a config: its rows and width, read from its safetensors header."""
-    weights = module / "model.safetensors"
-    if not weights.is_file():
-        raise ResolutionError(f"{module} has no model.safetensors: the StaticEmbedding's table is required in "
-                              "safetensors")
-    with weights.open("rb") as handle:
-        header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
-    name = next((name for name in _STATIC_WEIGHTS if name in header), None)
-    if name is None or len(header[name].get("shape", ())) != 2:
-        raise ResolutionError(f"{weights} holds no table of token vectors ({' or '.join(_STATIC_WEIGHTS)})")
-    rows, width = header[name]["shape"]
-    if "mapping" in header:  # model2vec's vocabulary-quantized table: a row of it per token
-        rows = header["mapping"]["shape"][0]
-    return {"model_type": STATIC_EMBEDDING, "architectures": ["StaticEmbedding"], "vocab_size": int(rows),
-            "hidden_size": int(width)}
 
 
 def model_config(root: Path) -> dict[str, Any] | None:
@@ -254,13 +207,6 @@ def is_decoder(files: ModelFiles) -> bool:
             or files.hf.get("model_type", "") in DECODER_MODEL_TYPES)
 
 
-# Families whose transformers code builds its masks from `use_bidirectional_attention` (EmbeddingGemma's
-# Gemma 3). Gemma 1 and 2 read it only as SDPA's flag, so a padded batch still attends causally there, and
-# Qwen, Llama and Mistral ignore it: export.build.check_architecture refuses it on those (unless the config
-# also says `is_causal: false`, which transformers reads for every decoder).
-BIDIRECTIONAL_FLAG_MODEL_TYPES = frozenset({"gemma3", "gemma3_text"})
-
-
 def bidirectional_by_flag(hf: dict[str, Any]) -> bool:
     return bool(hf.get("use_bidirectional_attention")) and hf.get("model_type") in BIDIRECTIONAL_FLAG_MODEL_TYPES
 
@@ -271,134 +217,38 @@ def bidirectional_by_is_causal(hf: dict[str, Any]) -> bool:
     return not hf.get("is_causal", True)
 
 
-# Keys of a family's original config format that transformers' port of the family does not read, each with
-# what the port computes with: another key of the config (and its default there) or a constant. A config
-# whose value differs was trained by code that computes otherwise, while transformers (the reference here)
-# would load it without a word; export.build.check_architecture refuses it unless its own code comes along.
-_UNREAD_KEYS: dict[str, dict[str, tuple[str | None, Any]]] = {
-    "nomic_bert": {  # nomic's own NomicBertConfig (nomic-embed-text v1/v1.5's config.json) -> transformers'
-        "rotary_emb_base": ("rope_theta", 1000.0), "n_head": ("num_attention_heads", 12),
-        "n_embd": ("hidden_size", 768), "n_inner": ("intermediate_size", 3072), "n_layer": ("num_hidden_layers", 12),
-        "layer_norm_epsilon": ("layer_norm_eps", 1e-12), "activation_function": ("hidden_act", "silu"),
-        "rotary_emb_fraction": (None, 1.0), "rotary_emb_interleaved": (None, False),
-        "rotary_emb_scale_base": (None, None), "use_rms_norm": (None, False),
-        "prenorm": (None, False), "parallel_block": (None, False), "qkv_proj_bias": (None, False),
-        "mlp_fc1_bias": (None, False), "mlp_fc2_bias": (None, False), "causal": (None, False),
-        "moe_every_n_layers": (None, 0),  # nomic-embed-text-v2-moe's experts: the port has none
-    },
-    # Alibaba's NewConfig keys (gte-*-v1.5, gte-multilingual) that transformers' GteConfig does not read (their
-    # `new` configs are read as GteConfigs first: as_transformers_config)
-    "gte": {
-        "logn_attention_scale": (None, False), "logn_attention_clip1": (None, False),
-        "layer_norm_type": (None, "layer_norm"), "position_embedding_type": (None, "rope"),
-        "pack_qkv": (None, True),  # transformers converts their packed qkv_proj only
-    },
-}
-
-
-# Code on the hub that transformers ports (model types a config naming it may say): a config whose auto_map
-# names only that code is read as the port, as transformers itself reads it without trust_remote_code (and
+# Code on the hub that transformers ports (core.families: nomic_bert, gte): a config whose auto_map names only
+# that code is read as the port, as transformers itself reads it without trust_remote_code (and
 # sentence-transformers by default), TEI and vLLM with their own ports; its keys the port does not read are
 # compared by unread_config_keys. Code from anywhere else (a copy in the folder may have been changed) is left
 # to --trust-remote-code.
-# - nomic-embed-text v1/v1.5 (v2-moe's experts, which the port has none of, are refused: moe_every_n_layers).
-# - Alibaba's own GTE (gte-base/large-en-v1.5, gte-multilingual-base and -reranker-base: model_type `new`;
-#   snowflake-arctic-embed-m-v2.0: `gte`), which transformers ports as `gte`: its weight conversion reads their
-#   names (`new.` prefix, packed qkv_proj, up_gate_proj); TEI reads `new` as its GTE, vLLM as GteNewModel. Such
-#   a config is read as the GteConfig it describes: architectures renamed, NewConfig's defaults where they
-#   differ from GteConfig's, and their fixed NTK rope as the linear rope_parameters that give the same
-#   frequencies (_gte_ntk).
-ALIBABA_GTE_CODE = "Alibaba-NLP/new-impl--"
-PORTED_CODE = {ALIBABA_GTE_CODE: ("new", "gte"), "nomic-ai/nomic-bert-2048--": ("nomic_bert",)}
-_NEW_ARCHITECTURES = {"NewModel": "GteModel", "NewForSequenceClassification": "GteForSequenceClassification",
-                      "NewForTokenClassification": "GteForTokenClassification", "NewForMaskedLM": "GteForMaskedLM"}
-_NEW_DEFAULTS = {"vocab_size": 30528, "max_position_embeddings": 2048, "rope_theta": 10000.0}
-
-
-def _ported_source(hf: dict[str, Any]) -> str | None:
-    """The one ported source every auto_map entry names; Alibaba's for their `new` config without auto_map."""
+def _ported_family(hf: dict[str, Any]) -> Family | None:
+    """The family whose code every auto_map entry names; Alibaba's GTE for their `new` config without one."""
     auto_map = hf.get("auto_map") or {}
-    code = auto_map.values() if isinstance(auto_map, dict) else [None]
-    sources = {next((prefix for prefix in PORTED_CODE if isinstance(name, str) and name.startswith(prefix)), None)
-               for name in code}
-    if len(sources) == 1 and None not in sources:
-        return sources.pop()
-    return ALIBABA_GTE_CODE if not sources and hf.get("model_type") == "new" else None
+    code = list(auto_map.values()) if isinstance(auto_map, dict) else [None]
+    found = {ported(lambda prefix, name=name: isinstance(name, str) and name.startswith(prefix)) for name in code}
+    if len(found) == 1 and None not in found:
+        return found.pop()
+    return gte.FAMILY if not found and hf.get("model_type") == "new" else None
 
 
 def as_transformers_config(hf: dict[str, Any]) -> dict[str, Any]:
-    """config.json as transformers reads it: code it ports as that port, Alibaba's GTE as the GteConfig it
-    describes, else as is."""
-    source = _ported_source(hf)
-    if source is None or hf.get("model_type") not in PORTED_CODE[source]:
+    """config.json as transformers reads it: code it ports as that port (the family's read_config), else as is."""
+    family = _ported_family(hf)
+    if family is None or hf.get("model_type") not in family.ported_types:
         return hf
     read = {key: value for key, value in hf.items() if key != "auto_map"}
-    if source != ALIBABA_GTE_CODE:
-        return read
-    gte = {**_NEW_DEFAULTS, **read, "model_type": "gte"}
-    # gte-multilingual-base names NewForTokenClassification without labels while its checkpoint holds no
-    # classifier: TEI skips that name there (their discussion 7), and so does this.
-    labelled = bool(hf.get("id2label")) and bool(hf.get("label2id"))
-    gte["architectures"] = [_NEW_ARCHITECTURES.get(name, name) for name in hf.get("architectures") or []
-                            if name != "NewForTokenClassification" or labelled] or ["GteModel"]
-    # their rope_scaling, or the rope_parameters transformers 5 writes it into when it saves their config again
-    key = "rope_scaling" if gte.get("rope_scaling") else "rope_parameters"
-    scaling = gte.get(key) or {}
-    ntk = _ntk_parameters(gte, scaling) if scaling.get("type", scaling.get("rope_type")) == "ntk" else None
-    if ntk is not None:
-        gte.pop(key)
-        gte.pop("rope_theta", None)
-        gte["rope_parameters"] = ntk
-    return gte
-
-
-# nomic's gated MLP names (activation_function) as transformers' NomicBERT runs them: hidden_act gating.
-_NOMIC_GATES = {"swiglu": "silu", "geglu": "gelu", "glu": "sigmoid"}
-
-
-def _computed_with(hf: dict[str, Any], key: str, default: Any) -> Any:
-    if key == "rope_theta":  # transformers 5 reads it from rope_parameters, or the legacy top-level key
-        return (hf.get("rope_parameters") or {}).get("rope_theta", hf.get("rope_theta", default))
-    return hf.get(key, default)
-
-
-def _ntk_parameters(hf: dict[str, Any], scaling: dict[str, Any]) -> dict[str, Any] | None:
-    """Alibaba's fixed NTK rope (base x factor, frequencies / factor^(2/d), applied at every length once the
-    factor is over 1) in the terms transformers reads: its linear scaling of factor^(2/d) on a theta of base x
-    factor, the same frequencies exactly. None for their mixed NTK (mixed_b) or a factor under 1."""
-    factor = float(scaling.get("factor") or 0)
-    if scaling.get("mixed_b") or factor < 1:
-        return None
-    dim = int(hf.get("head_dim") or hf.get("hidden_size", 768) // hf.get("num_attention_heads", 12))
-    theta = float(scaling.get("rope_theta", hf.get("rope_theta", 160000.0)))
-    return {"rope_type": "linear", "factor": factor ** (2 / dim), "rope_theta": theta * factor}
-
-
-def _gte_ntk(hf: dict[str, Any], scaling: dict[str, Any]) -> str:
-    parameters = _ntk_parameters(hf, scaling)
-    if parameters is None:
-        return "transformers has no 'ntk' rope, nor an equivalent of this one"
-    return f"transformers has no 'ntk' rope; the same frequencies are rope_parameters {parameters!r}"
+    return family.read_config(read) if family.read_config else read
 
 
 def unread_config_keys(hf: dict[str, Any]) -> list[str]:
     """`key=value (computed with ...)` for each key of config.json that would change the model's math but
     that transformers' implementation of its family does not read. BERT-like families lost their relative
     position_embedding_type in transformers 5 (its weights are then dropped too)."""
-    model_type = hf.get("model_type", "")
-    unread = []
-    for key, (read_as, default) in _UNREAD_KEYS.get(model_type, {}).items():
-        if key not in hf:
-            continue
-        used = _computed_with(hf, read_as, default) if read_as else default
-        value = _NOMIC_GATES.get(hf[key], f"{hf[key]} (ungated)") if key == "activation_function" else hf[key]
-        if value != used:
-            unread.append(f"{key}={hf[key]!r} (computed with {f'{read_as}=' if read_as else ''}{used!r})")
-    scaling = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    if model_type == "gte" and scaling.get("rope_type", scaling.get("type")) == "ntk":
-        unread.append(f"rope scaling {scaling!r} ({_gte_ntk(hf, scaling)})")
+    family = family_of(hf.get("model_type"))
+    unread = family.unread_keys(hf) if family.unread_keys else []
     positions = hf.get("position_embedding_type")
-    if model_type != "gte" and positions not in (None, "absolute"):
+    if not family.own_positions and positions not in (None, "absolute"):
         unread.append(f"position_embedding_type={positions!r} (computed with 'absolute')")
     return unread
 
