@@ -71,6 +71,10 @@ def test_only_unavailable_is_retried() -> None:
     assert not classify(InferenceServerException("bad", status="StatusCode.INVALID_ARGUMENT")).retryable
     assert classify(InferenceServerException("bad", status="400")).status == 400
     assert not classify(ValueError("x")).retryable
+    # a restricted API over gRPC comes back UNAVAILABLE: no retry opens it
+    restricted = InferenceServerException("This protocol is restricted, expecting header 'x'",
+                                          status="StatusCode.UNAVAILABLE")
+    assert classify(restricted).status == 403 and not classify(restricted).retryable
 
 
 def test_a_refusal_by_admission_is_retried_no_sooner_than_it_says_and_not_at_all_when_far() -> None:

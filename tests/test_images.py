@@ -123,6 +123,7 @@ def test_bad_and_hostile_images_are_refused_with_what_is_wrong() -> None:
         "not an image": (b"this is text, not pixels" * 10, "not an image"),
         "truncated png": (photo[: len(photo) // 2], "truncated or corrupt"),
         "truncated jpeg": (jpeg[: len(jpeg) // 3], "truncated or corrupt"),
+        "jpeg cut in its header": (jpeg[:600], "truncated or corrupt"),
         "a format not taken": (_encoded(_photo("coffee", "RGB", (20, 20)), "PPM"), "not an image in a format"),
         "a decompression bomb": (_png_declaring(100_000, 100_000), "over the limit of"),
         "a bomb under Pillow's own bound": (_png_declaring(8_000, 8_000), "8000 x 8000 pixels, over the limit"),

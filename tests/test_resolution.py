@@ -499,4 +499,5 @@ def test_each_model_family_is_one_module_registered_by_its_model_types() -> None
     types = [model_type for family in families.FAMILIES for model_type in family.model_types]
     assert len(types) == len(set(types))  # one family per model type
     assert families.family_of("bert").cls_default and families.family_of("qwen3").decoder
-    assert not families.family_of("clip").supported and not families.family_of(None).supported
+    assert families.family_of("clip").vision and not families.family_of("llava_next").supported
+    assert not families.family_of("whisper").supported and not families.family_of(None).supported

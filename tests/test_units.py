@@ -17,6 +17,7 @@ from pooltriton.contract.parameters import (
     STAGE_PARAMETERS,
     EncoderParameters,
     EnsembleParameters,
+    ImageParameters,
     PluginParameters,
     PoolerParameters,
     ScorerParameters,
@@ -380,6 +381,8 @@ STAGE_EXAMPLES = [
     PluginParameters(plugin="zero_shot", model="m", outputs=("PROBABILITIES",), module="my.plugins"),
     EnsembleParameters(task="classify", max_length=512, labels=("1", "true", "B-PER"), matryoshka_dimensions=(64,)),
     EnsembleParameters(task="embed", max_length=512),
+    EnsembleParameters(task="embed", modality="image", text_model="clip"),
+    ImageParameters(processor_file="preprocessor_config.json", max_image_bytes=1 << 20, use_activation=False),
 ]
 
 

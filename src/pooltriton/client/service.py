@@ -17,6 +17,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -28,6 +29,7 @@ from pooltriton.contract import (
     DETOKENIZE,
     DETOKENIZED,
     DOCUMENTS,
+    IMAGE,
     INPUT_IDS,
     MAX_BATCH_SIZE,
     PIECES,
@@ -39,6 +41,7 @@ from pooltriton.contract import (
     TEXT,
     TOKEN_PIECES,
     TOKENIZE,
+    image_stages,
     invalid_model_name,
     stages,
     triton_priority,
@@ -47,6 +50,7 @@ from pooltriton.contract import requests as protocol
 from pooltriton.contract.admission import Admission, Refusal
 from pooltriton.contract.config import read_parameters
 from pooltriton.contract.requests import RETRIES, ModelInfo, TritonRequest, model_info, retry_delay
+from pooltriton.core.images import encoded
 
 DEFAULT_URLS = {"http": "localhost:8000", "grpc": "localhost:8001"}
 T = TypeVar("T")
@@ -407,6 +411,9 @@ class PoolingService:
         one of the model's Matryoshka sizes (vLLM's and OpenAI's option)."""
         info = await self.info(model, task)
         check_task(info, task)
+        if info.modality == "image":
+            raise RequestError(f"model {info.name!r} embeds images: send images (embed_images; the gateway's image "
+                               "parts or modality \"image\")", "input")
         if dimensions is not None and info.task != "embed":
             raise RequestError(f"dimensions applies to embeddings, and model {info.name!r} is {info.task}",
                                "dimensions")
@@ -431,6 +438,42 @@ class PoolingService:
             except ValueError as error:
                 raise RequestError(str(error), "dimensions") from None
         return Pooled(values, protocol.prompt_tokens(results))
+
+    async def image_info(self, model: str | None = None) -> ModelInfo:
+        """The image ensemble of `model`: itself, the one its config names, or `<model>_image` (an export's
+        image tower, served beside its text model or alone)."""
+        name = self._name(model)
+        info = await self._found(name)
+        if info is not None and info.modality == "image":
+            return info
+        image = await self._found((info.image_model if info else None) or image_stages(name).ensemble)
+        if image is None or image.modality != "image":
+            raise RequestError(f"model {name!r} has no image tower: it embeds text only" if info else
+                               f"no model {name!r} with an image tower is served", "model")
+        return image
+
+    async def _found(self, name: str) -> ModelInfo | None:
+        try:
+            return await self.info(name)
+        except (InferenceServerException, LookupError):
+            return None
+
+    async def embed_images(self, images: Sequence[bytes | str | Path | Any], *, model: str | None = None,
+                           priority: int = 0, use_activation: bool | None = None) -> Pooled[np.ndarray]:
+        """One vector per image ([n, dim] float32, normalised unless use_activation is false): encoded bytes,
+        file paths or PIL images, decoded and preprocessed by the server's image stage."""
+        info = await self.image_info(model)
+        try:
+            data = [encoded(image) for image in images]
+        except (TypeError, OSError) as error:
+            raise RequestError(str(error), "input") from None
+        if not data:
+            raise RequestError("images is empty: pass at least one image", "input")
+        options = protocol.parameters({"use_activation": use_activation})
+        requests = [TritonRequest(info.name, {IMAGE: data[start:start + self.max_batch]}, info.outputs[:1], options,
+                                  True, triton_priority(priority)) for start in range(0, len(data), self.max_batch)]
+        results = await asyncio.gather(*(self.transport.infer(request) for request in requests))
+        return Pooled(np.concatenate([result[info.outputs[0]] for result in results]), 0)
 
     async def score(self, query: str | Sequence[str], documents: str | Sequence[str], *, model: str | None = None,
                     priority: int = 0, **options: Any) -> Pooled[np.ndarray]:

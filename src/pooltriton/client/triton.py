@@ -106,6 +106,12 @@ class AsyncPoolingClient:
         cut to one of the model's Matryoshka sizes."""
         return await self.encode(texts, model=model, task="embed", **options)
 
+    async def embed_images(self, images: Sequence[Any], *, model: str | None = None, **options: Any) -> np.ndarray:
+        """One vector per image, [n, dim] float32: encoded bytes (PNG, JPEG, WebP, GIF, BMP, TIFF), file paths
+        or PIL images. `model`: a model with an image tower (its `<name>_image` ensemble). `use_activation`:
+        false answers the raw projected features (normalised by default)."""
+        return (await self.service.embed_images(images, model=model, **options)).values
+
     async def classify(self, texts: str | Sequence[str], *, model: str | None = None,
                        pairs: Sequence[str] | None = None, **options: Any) -> Classification:
         """Class probabilities per text (or per (text, pair) for cross-encoders) with label names."""
@@ -215,6 +221,9 @@ class PoolingClient:
 
     def embed(self, texts: str | Sequence[str], **options: Any) -> np.ndarray:
         return self._run(self._async.embed(texts, **options))
+
+    def embed_images(self, images: Sequence[Any], **options: Any) -> np.ndarray:
+        return self._run(self._async.embed_images(images, **options))
 
     def classify(self, texts: str | Sequence[str], **options: Any) -> Classification:
         return self._run(self._async.classify(texts, **options))

@@ -69,6 +69,10 @@ TOKEN_PIECES = "TOKEN_PIECES"
 QUERY, DOCUMENTS, SCORES = "QUERY", "DOCUMENTS", "SCORES"  # BYTES [q], BYTES [d] -> FP32 [d]
 BI_ENCODER, LATE_INTERACTION, CROSS_ENCODER = "bi-encoder", "late-interaction", "cross-encoder"
 
+# ---- images (<name>_image: IMAGE -> EMBEDDING; its stages <name>_image_processor, <name>_image_encoder) --
+IMAGE = "IMAGE"  # BYTES [n, 1]: encoded images (PNG, JPEG, WebP, GIF, BMP, TIFF)
+PIXEL_VALUES = "pixel_values"  # FP32 [n, 3, H, W]: the image processor's output, the vision tower's input
+
 # ---- plugins --------------------------------------------------------------------------------------------
 PLUGIN_INPUT, PLUGIN_OUTPUT = "INPUT", "OUTPUT"  # BYTES [n] -> BYTES [n] (JSON per item)
 
@@ -110,6 +114,22 @@ class Stages:
 
 def stages(name: str) -> Stages:
     return Stages(name, f"{name}_tokenizer", f"{name}_encoder", f"{name}_pooler", f"{name}_score")
+
+
+@dataclass(frozen=True)
+class ImageStages:
+    """The models an image tower's export writes: the public image ensemble and the stages it chains."""
+
+    ensemble: str
+    processor: str
+    encoder: str
+
+    def __iter__(self):
+        return iter((self.ensemble, self.processor, self.encoder))
+
+
+def image_stages(name: str) -> ImageStages:
+    return ImageStages(f"{name}_image", f"{name}_image_processor", f"{name}_image_encoder")
 
 
 def triton_priority(priority: int) -> int:

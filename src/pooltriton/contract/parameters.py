@@ -141,7 +141,22 @@ class EnsembleParameters(StageParameters):
     # (`messages`) are rendered with them (client.chat). None: the model has none, or an older export.
     chat_template: str | None = None
     chat_tokens: dict[str, str] | None = None
+    # What the model embeds: None or "text" (TEXT), "image" (IMAGE: an image tower's ensemble). A text
+    # ensemble with an image tower names its image ensemble (image_model), which names it back (text_model).
+    modality: str | None = None
+    image_model: str | None = None
+    text_model: str | None = None
 
 
-STAGE_PARAMETERS = (TokenizerParameters, EncoderParameters, PoolerParameters, ScorerParameters, PluginParameters,
-                    EnsembleParameters)
+@dataclass(frozen=True)
+class ImageParameters(StageParameters):
+    """The image processor stage: its processor file (core.images.read_processor) and decoding limits."""
+
+    processor_file: str = "preprocessor_config.json"
+    max_image_bytes: int | None = None  # None: core.images' defaults
+    max_image_pixels: int | None = None
+    use_activation: bool = True  # ACTIVATE where a request does not say (the model's normalisation)
+
+
+STAGE_PARAMETERS = (TokenizerParameters, ImageParameters, EncoderParameters, PoolerParameters, ScorerParameters,
+                    PluginParameters, EnsembleParameters)

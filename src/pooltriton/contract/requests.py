@@ -38,6 +38,7 @@ RETRIES = 8
 BACKOFF_S, MAX_BACKOFF_S = 0.25, 4.0
 
 # KServe over gRPC reports a status code name, over HTTP the HTTP status itself.
+RESTRICTED = "This protocol is restricted"  # Triton's answer to a restricted API without its header
 _GRPC_TO_HTTP = {"INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401, "PERMISSION_DENIED": 403, "NOT_FOUND": 404,
                  "ALREADY_EXISTS": 409, "RESOURCE_EXHAUSTED": 429, "CANCELLED": 499, "UNKNOWN": 500,
                  "INTERNAL": 500, "UNIMPLEMENTED": 501, "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504}
@@ -116,6 +117,9 @@ class ModelInfo:
     served_names: tuple[str, ...] = ()  # other names it answers to (--served-model-name)
     chat_template: str | None = None  # its tokenizer's (vLLM's chat-form bodies), and the special tokens it reads
     chat_tokens: dict[str, str] | None = field(default=None, compare=False, hash=False)  # (infos stay hashable)
+    modality: str = "text"  # "image": an image tower's ensemble (IMAGE in)
+    image_model: str | None = None  # a text model's image ensemble, an image model's text one
+    text_model: str | None = None
 
     @property
     def per_token(self) -> bool:
@@ -136,7 +140,9 @@ def model_info(name: str, config: dict) -> ModelInfo:
                      use_activation=ensemble.use_activation, prompts=ensemble.prompts or (), width=width,
                      sparse=bool(ensemble.sparse), pooling=ensemble.pooling, precision=ensemble.precision,
                      token_weights=bool(ensemble.token_weights), served_names=ensemble.served_names or (),
-                     chat_template=ensemble.chat_template, chat_tokens=ensemble.chat_tokens)
+                     chat_template=ensemble.chat_template, chat_tokens=ensemble.chat_tokens,
+                     modality=ensemble.modality or "text", image_model=ensemble.image_model,
+                     text_model=ensemble.text_model)
 
 
 def text_array(texts: Sequence[str | bytes], batched: bool) -> np.ndarray:
@@ -275,6 +281,8 @@ def classify(error: Exception) -> Failure:
     status = int(code) if code.isdigit() else _GRPC_TO_HTTP.get(code, 500)
     message = getattr(error, "message", None)
     text = message() if callable(message) else None
+    if RESTRICTED in (text or ""):  # gRPC says UNAVAILABLE for a restricted API, which no retry opens
+        status = 403
     return Failure(status, text or str(error))
 
 

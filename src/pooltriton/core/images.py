@@ -57,6 +57,8 @@ def decode(data: bytes, limits: ImageLimits = ImageLimits()) -> Image.Image:
         raise ImageError(f"not an image in a format taken here ({', '.join(sorted(FORMATS))})") from None
     except Image.DecompressionBombError as error:  # Pillow's own bound, far above ours, hit at open
         raise ImageError(f"the image is over the limit of {limits.max_pixels} pixels ({error})") from None
+    except (OSError, SyntaxError, ValueError, EOFError) as error:  # cut inside its header
+        raise ImageError(f"the image is truncated or corrupt ({error})") from None
     width, height = image.size
     if width * height > limits.max_pixels:
         raise ImageError(f"the image is {width} x {height} pixels, over the limit of {limits.max_pixels} "
@@ -70,6 +72,19 @@ def decode(data: bytes, limits: ImageLimits = ImageLimits()) -> Image.Image:
             Image.DecompressionBombError) as error:
         raise ImageError(f"the image is truncated or corrupt ({error})") from None
     return image
+
+
+def encoded(image: bytes | str | Path | Image.Image) -> bytes:
+    """What a client sends for an image: bytes as they are, a file's bytes, a Pillow image as PNG."""
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return bytes(image)
+    if isinstance(image, (str, Path)):
+        return Path(image).read_bytes()
+    if isinstance(image, Image.Image):
+        out = io.BytesIO()
+        image.save(out, format="PNG")
+        return out.getvalue()
+    raise TypeError(f"an image is bytes, a file path or a PIL image, not {type(image).__name__}")
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
@@ -118,6 +133,12 @@ class ImageProcessor:
         if isinstance(values.get("crop_size"), int):
             values["crop_size"] = {"height": values["crop_size"], "width": values["crop_size"]}
         return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """This processor as a preprocessor_config.json that from_dict (and transformers) read back."""
+        values = {key: getattr(self, key) for key in self.KEYS if getattr(self, key) != {}}
+        return {"image_processor_type": type(self).__name__, **values,
+                "image_mean": list(self.image_mean), "image_std": list(self.image_std)}
 
     def __call__(self, image: Image.Image) -> np.ndarray:
         """The image as the vision tower's pixel_values row: float32, (channels, height, width)."""

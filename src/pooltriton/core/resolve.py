@@ -44,6 +44,9 @@ SUPPORTED_MODEL_TYPES = model_types(lambda family: family.supported)
 # Of those, families the matrix proves for one use only (export.build.check_supported refuses the rest).
 ONE_USE_MODEL_TYPES = {model_type: family.one_use for family in FAMILIES if family.one_use
                        for model_type in family.model_types}
+# Image towers (export.vision); their text side is not exported through the text resolver.
+VISION_MODEL_TYPES = model_types(lambda family: family.supported and family.vision)
+MULTIMODAL_MODEL_TYPES = model_types(lambda family: family.vision)
 FP16_OVERFLOW_MODEL_TYPES = model_types(lambda family: family.fp16_overflow)
 TEXT_ENCODER_MODEL_TYPES = model_types(lambda family: family.text_encoder)
 PLAIN_MASK_MODEL_TYPES = model_types(lambda family: family.plain_mask)

@@ -49,6 +49,7 @@ from pooltriton.contract import (
     TOKEN_PIECES,
     TOKENIZER_INSTANCES,
     Stages,
+    image_stages,
     invalid_model_name,
     stages,
 )
@@ -72,10 +73,12 @@ from pooltriton.core.capabilities import AUTO, Capabilities, PrecisionError, cho
 from pooltriton.core.resolve import (
     BIDIRECTIONAL_FLAG_MODEL_TYPES,
     FP16_OVERFLOW_MODEL_TYPES,
+    MULTIMODAL_MODEL_TYPES,
     ONE_USE_MODEL_TYPES,
     SENTENCE_TRANSFORMERS,
     STATIC_EMBEDDING,
     SUPPORTED_MODEL_TYPES,
+    VISION_MODEL_TYPES,
     PoolerConfig,
     ResolutionError,
     resolve,
@@ -233,12 +236,14 @@ def _export_model(model_dir: Path, options: ExportOptions) -> dict:
     from pooltriton.export.tokens import served_tokenizer
     from pooltriton.export.verify import VerificationError
 
+    hf = json.loads((model_dir / "config.json").read_text()) if (model_dir / "config.json").is_file() else {}
+    if hf.get("model_type") in MULTIMODAL_MODEL_TYPES or hf.get("vision_config"):
+        return _export_image_model(model_dir, options, hf)
     requested = options
     runtime, options = options.check(detect())
     tokenizer_file = model_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ResolutionError(f"{model_dir} has no tokenizer.json (a fast tokenizer is required)")
-    hf = json.loads((model_dir / "config.json").read_text()) if (model_dir / "config.json").is_file() else {}
     check_model_files(model_dir, hf, options.allow_pickle, options.trust_remote_code)
     check_architecture(model_dir, hf)
     progress = Progress(6 if options.precision == INT8 else 5)
@@ -284,6 +289,36 @@ def _export_model(model_dir: Path, options: ExportOptions) -> dict:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     print(f"exported {options.name} ({options.runtime}, {options.precision}) to {out}", file=sys.stderr)
+    return asdict(report)
+
+
+def _export_image_model(model_dir: Path, options: ExportOptions, hf: dict) -> dict:
+    """An image-text dual encoder (CLIP, SigLIP): its image tower as the image ensemble (export.vision)."""
+    from pooltriton.export.vision import export_image_tower, multimodal_refusal
+
+    if hf.get("model_type") not in VISION_MODEL_TYPES:
+        raise ResolutionError(multimodal_refusal(hf))
+    if options.precision == AUTO:  # image towers are verified in fp32 (fp16 TorchScript on a GPU)
+        fp16 = (options.runtime, options.device) == ("torchscript", CUDA)
+        options = replace(options, precision=FP16 if fp16 else FP32)
+        print(f"--precision auto: {options.precision} (image towers)", file=sys.stderr)
+    _runtime, options = options.check(detect())
+    check_model_files(model_dir, hf, options.allow_pickle, options.trust_remote_code)
+    if hf.get("auto_map"):
+        raise ResolutionError(f"{model_dir} names custom code (auto_map): image towers are served from "
+                              "transformers' own CLIPModel / SiglipModel only")
+    progress = Progress(4)
+    out = Path(options.out)
+    names = image_stages(options.name)
+    staging = staging_folder(out, options.name)
+    try:
+        report = export_image_tower(model_dir, options, hf, progress, staging)
+        progress(f"writing model configurations under {out}")
+        publish(staging, out, names)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"exported {options.name}'s image tower as {names.ensemble} ({options.runtime}, {options.precision}) to "
+          f"{out}; its text tower is not exported yet", file=sys.stderr)
     return asdict(report)
 
 

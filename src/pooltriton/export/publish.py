@@ -16,9 +16,8 @@ import os
 import shutil
 import socket
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-
-from pooltriton.contract import Stages
 
 STAGING_PREFIX = ".pooltriton-export-"
 INCOMING_PREFIX = f"{STAGING_PREFIX}incoming~"
@@ -61,11 +60,12 @@ def _same_filesystem(a: Path, b: Path) -> bool:
     return os.stat(a).st_dev == os.stat(b).st_dev
 
 
-def publish(staging: Path, out: Path, names: Stages) -> None:
+def publish(staging: Path, out: Path, names: Iterable[str]) -> None:
     """Swap the staged stages in for the model's previous ones by renames within the repository's
     filesystem (staged on another, they are copied in under a hidden name first): the old ones (a stage
     this export no longer has too) go aside, the ensemble first, and the new ones come in, the ensemble
     last, so that it never names a stage that is not there. Any failure puts the old model back."""
+    names = list(names)
     incoming = staging
     if not _same_filesystem(staging, out):
         incoming = Path(tempfile.mkdtemp(prefix=f"{INCOMING_PREFIX}{host_prefix()}{os.getpid()}.", dir=out))

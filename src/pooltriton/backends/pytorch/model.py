@@ -38,9 +38,9 @@ class TritonPythonModel(EncoderShim):
             warning = load_warning(precision, precision)
             if warning:
                 pb_utils.Logger.log_warn(f"{model.name}: {warning}")
-        self.warm_up()
+        self.warm_up(model.config["input"])
 
-    def warm_up(self) -> None:
+    def warm_up(self, inputs: list[dict]) -> None:
         """Run a small batch before the first request, as Triton's model_warmup would for libtorch.
 
         TorchScript profiles and then optimises a module on its first calls, so the first request paid
@@ -49,6 +49,12 @@ class TritonPythonModel(EncoderShim):
         module run on the same feeds in a fresh process; every later call was bitwise that run.
         """
         rows, width = WARMUP_SHAPE
+        if self.dense:  # fixed-size inputs (an image tower): zeros of each input's own shape
+            feeds = {t["name"]: np.zeros((rows, *(int(d) for d in t["dims"])),
+                                         dtype=pb_utils.triton_string_to_numpy(t["data_type"])) for t in inputs}
+            for _ in range(WARMUP_CALLS):
+                self.run(feeds)
+            return
         feeds = {name: np.zeros((rows, 1 if name in self.row_inputs else width), dtype=np.int64)
                  for name in self.input_names}
         if ATTENTION_MASK in feeds:

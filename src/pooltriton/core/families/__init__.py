@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pooltriton.core.families import (
     bart,
     bert,
+    clip,
     deberta,
     decoders,
     gte,
@@ -24,7 +25,8 @@ __all__ = ["FAMILIES", "Config", "Family", "ResolutionError", "family_of", "mode
 FAMILIES: tuple[Family, ...] = (
     bert.FAMILY, roberta.FAMILY, deberta.FAMILY, deberta.FIRST, modernbert.FAMILY, nomic_bert.FAMILY, gte.FAMILY,
     bart.FAMILY, t5.FAMILY, decoders.GPT2, decoders.QWEN, decoders.LLAMA, decoders.MISTRAL, decoders.GEMMA,
-    decoders.GEMMA3, decoders.GEMMA3_MULTIMODAL, decoders.UNPROVEN, static_embedding.FAMILY,
+    decoders.GEMMA3, decoders.GEMMA3_MULTIMODAL, decoders.UNPROVEN, static_embedding.FAMILY, clip.CLIP, clip.SIGLIP,
+    clip.MULTIMODAL_UNSUPPORTED,
 )
 _BY_TYPE = {model_type: family for family in FAMILIES for model_type in family.model_types}
 _UNKNOWN = Family((), supported=False)

@@ -36,6 +36,7 @@ class Family:
     read_config: Callable[[Config], Config] | None = None  # a ported config as transformers reads it
     unread_keys: Callable[[Config], list[str]] | None = None  # keys that change the math, unread by the port
     own_positions: bool = False  # position_embedding_type is its own (not BERT's absolute/relative)
+    vision: bool = False  # takes images: its image tower is exported by export.vision (if supported)
 
 
 def unread_against(hf: Config, table: dict[str, tuple[str | None, Any]],

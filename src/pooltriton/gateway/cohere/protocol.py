@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
 from pooltriton.gateway.protocol import Priority
 
@@ -12,10 +12,11 @@ CohereType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]  #
 
 
 class CohereContent(BaseModel):
-    """One part of a Cohere v2 input: {"type": "text", "text"} (or "image_url", which is refused)."""
+    """One part of a Cohere v2 input: {"type": "text", "text"} or {"type": "image_url", "image_url": {"url"}}."""
 
     type: str
     text: str | None = None
+    image_url: dict[str, Any] | str | None = None
 
 
 class CohereInput(BaseModel):
@@ -23,8 +24,8 @@ class CohereInput(BaseModel):
 
 
 class CohereEmbedRequest(BaseModel):
-    """Cohere's embed body: `texts`, or v2's `inputs` of one text part each (its SDK's EmbedInput with a
-    TextEmbedContent); `images` and image parts are refused (these models embed text)."""
+    """Cohere's embed body: `texts`, `images` (data URIs, the model's image tower), or v2's `inputs` of one
+    text or one image part each (its SDK's EmbedInput)."""
 
     model: str | None = None
     texts: list[str] | None = None
@@ -37,27 +38,44 @@ class CohereEmbedRequest(BaseModel):
     truncate: Literal["NONE", "START", "END"] = "END"
     max_tokens: int | None = Field(None, gt=0)  # NONE: longer texts refused; START/END: cut to it
     priority: Priority = 0
+    _image_urls: list[tuple[str, str]] | None = PrivateAttr(None)  # (url, where) of each image sent
 
     @model_validator(mode="after")
     def _texts(self) -> CohereEmbedRequest:
         given = [name for name in ("texts", "inputs", "images") if getattr(self, name) is not None]
         if len(given) != 1:
-            raise ValueError("send one of texts or inputs")
+            raise ValueError("send one of texts, images or inputs")
         if self.images is not None:
-            raise ValueError("images: this server's models embed text; send texts, or inputs of text content")
+            self._image_urls = [(url, f"images[{index}]") for index, url in enumerate(self.images)]
+        kinds = set()
         for index, item in enumerate(self.inputs or []):
-            if len(item.content) != 1 or item.content[0].type != "text" or item.content[0].text is None:
-                raise ValueError(f"inputs[{index}]: this server's models embed text: one content part of type "
-                                 '"text" per input')
-        if self.inputs is not None:  # read as the texts they are
+            part = item.content[0] if len(item.content) == 1 else None
+            if part is None or (part.type, part.text is None, part.image_url is None) not in (
+                    ("text", False, True), ("image_url", True, False)):
+                raise ValueError(f"inputs[{index}]: one content part per input, of type \"text\" or \"image_url\"")
+            kinds.add(part.type)
+        if len(kinds) > 1:
+            raise ValueError("inputs: all text or all images in one request")
+        if self.inputs is not None and kinds == {"image_url"}:
+            self._image_urls = [(_url(item.content[0].image_url), f"inputs[{index}].content[0]")
+                                for index, item in enumerate(self.inputs)]
+        elif self.inputs is not None:  # read as the texts they are
             self.texts = [item.content[0].text or "" for item in self.inputs]
         return self
+
+    @property
+    def image_urls(self) -> list[tuple[str, str]] | None:
+        return self._image_urls
 
     def parameters(self) -> dict[str, Any]:
         parameters: dict[str, Any] = {} if self.truncate == "NONE" else {"truncate": self.truncate}
         if self.max_tokens is not None:
             parameters["max_tokens"] = self.max_tokens
         return parameters
+
+
+def _url(value: dict[str, Any] | str | None) -> str:
+    return value.get("url", "") if isinstance(value, dict) else value or ""
 
 
 class CohereEmbedV1Request(CohereEmbedRequest):

@@ -13,6 +13,7 @@ from pooltriton.client.service import ServedModel
 from pooltriton.contract.requests import check_dimensions
 from pooltriton.gateway.cohere.protocol import CohereEmbedRequest, CohereEmbedV1Request
 from pooltriton.gateway.errors import APIError
+from pooltriton.gateway.media import image_bytes
 from pooltriton.gateway.serving import JSON, base64_vector, served
 
 
@@ -37,6 +38,8 @@ async def embed_v1(body: CohereEmbedV1Request, request: Request) -> Response:
 async def _embed(body: CohereEmbedRequest, request: Request, kinds: Sequence[str]) -> tuple[dict, int]:
     """Both versions' embed: each type's encoding of the vectors, and the tokens read."""
     serving, service = served(request)
+    if body.image_urls is not None:
+        return await _embed_images(body, serving, service, kinds)
     model = await serving.model(body.model, "embed")
     named = prompt(model, body.input_type)
     try:  # the size first: a size the model cannot give is the error to report, whatever its types
@@ -49,6 +52,18 @@ async def _embed(body: CohereEmbedRequest, request: Request, kinds: Sequence[str
                                           dimensions=body.output_dimension, **body.parameters(),
                                           **({"prompt_name": named} if named else {})),
                            fields={"dimensions": "output_dimension", "input": "texts"})
+    return {kind: encode(pooled.values, kind) for kind in dict.fromkeys(kinds)}, pooled.tokens
+
+
+async def _embed_images(body: CohereEmbedRequest, serving, service, kinds: Sequence[str]) -> tuple[dict, int]:
+    """`images` or image inputs: the model's image tower (input_type "image" or any other: images take none)."""
+    if body.output_dimension is not None:
+        raise APIError(400, "output_dimension: image embeddings are answered whole", "output_dimension")
+    model = await serving(service.image_info(body.model))
+    check_packing(kinds, model.width)
+    check_scaling(kinds, model)
+    data = [image_bytes(url, where) for url, where in body.image_urls or []]
+    pooled = await serving(service.embed_images(data, model=model.name, priority=body.priority))
     return {kind: encode(pooled.values, kind) for kind in dict.fromkeys(kinds)}, pooled.tokens
 
 

@@ -112,6 +112,8 @@ class Encoding(BaseModel):
 class EmbeddingRequest(EmbedAliases, Encoding, ChatForm):
     input: str | list[str] | list[int] | list[list[int]] | None = None
     dimensions: int | None = Field(None, gt=0)
+    # infinity's: "image" reads `input` as data URLs of images (the model's image tower)
+    modality: Literal["text", "image"] = "text"
     # One of the model's sentence-transformers prompts (text-embeddings-inference's name).
     prompt_name: str | None = Field(None, max_length=200)
 

@@ -10,6 +10,8 @@ import numpy as np
 from fastapi import Request, Response
 
 from pooltriton.client.service import PoolingService
+from pooltriton.gateway.errors import APIError
+from pooltriton.gateway.media import image_bytes, message_images
 from pooltriton.gateway.openai.protocol import (
     BYTES_FORMATS,
     ClassifyRequest,
@@ -44,12 +46,39 @@ async def _inputs(body: EmbeddingRequest | ClassifyRequest | PoolingRequest, ser
     return [json.dumps(ids)], {"input_format": "token_ids"}
 
 
+def _images(body: EmbeddingRequest) -> list[tuple[str, str]] | None:
+    """(url, where) of the images a body sends: vLLM's image parts in `messages`, or infinity's `input` of
+    data URLs with modality "image"; None for a body of texts."""
+    if body.modality == "image":
+        urls = [body.input] if isinstance(body.input, str) else list(body.input or [])
+        return [(url, f"input[{index}]") for index, url in enumerate(urls)]
+    return message_images(body.messages) if body.messages is not None else None
+
+
+async def _embed_images(body: EmbeddingRequest, images: list[tuple[str, str]], serving: Serving,
+                        service: PoolingService):
+    if body.dimensions is not None:
+        raise APIError(400, "dimensions: image embeddings are answered whole", "dimensions")
+    if body.messages is not None and (len(images) != 1 or len(body.messages) != 1):
+        raise APIError(400, "messages: one message of one image (or one text) per request, as vLLM reads CLIP's "
+                            "and SigLIP's chat form; send several images as `input` with modality \"image\"",
+                       "messages")
+    model = await serving(service.image_info(body.model))
+    data = [image_bytes(url, where) for url, where in images]
+    return model, await serving(service.embed_images(data, model=model.name, priority=body.priority,
+                                                     use_activation=body.parameters().get("use_activation")))
+
+
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     serving, service = served(request)
-    model = await serving.model(body.model, "embed")
-    texts, input_format = await _inputs(body, serving, service, model.name)
-    pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **body.parameters(),
-                                          dimensions=body.dimensions, **input_format))
+    images = _images(body)
+    if images is not None:
+        model, pooled = await _embed_images(body, images, serving, service)
+    else:
+        model = await serving.model(body.model, "embed")
+        texts, input_format = await _inputs(body, serving, service, model.name)
+        pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **body.parameters(),
+                                              dimensions=body.dimensions, **input_format))
     vectors = np.ascontiguousarray(pooled.values, dtype=np.float32)
     answer = header("embd", body.model, model)
     if body.encoding_format in BYTES_FORMATS:

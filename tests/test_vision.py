@@ -1,0 +1,262 @@
+"""Image towers through Triton: tiny seeded CLIP and SigLIP checkpoints exported to ONNX and TorchScript,
+served behind the image processor stage; embeddings of real photographs (scikit-image's, in every mode
+and several sizes) equal transformers' own get_image_features on its own PIL image processor's pixels,
+and every bad image refused on its own with a clear 400 while the server keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import skimage.data
+import torch
+import tritonclient.grpc.aio as grpcclient
+import tritonclient.http as httpclient
+from PIL import Image
+from tiny_vision import build_clip, build_siglip
+from transformers import AutoModel
+from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+from pooltriton.contract import IMAGE
+from pooltriton.core.resolve import ResolutionError
+from pooltriton.export.build import ExportOptions, export_model
+
+from conftest import start_server
+
+PHOTOS = {"astronaut": skimage.data.astronaut(), "coffee": skimage.data.coffee(), "chelsea": skimage.data.chelsea(),
+          "camera": skimage.data.camera()}
+# (photo, mode, format, size): RGB, RGBA, grayscale, palette and CMYK JPEG, large and small, wide and tall.
+CASES = [("astronaut", "RGB", "PNG", None), ("coffee", "RGB", "JPEG", (300, 200)), ("chelsea", "RGBA", "PNG", None),
+         ("camera", "L", "PNG", (120, 180)), ("astronaut", "P", "GIF", (90, 60)), ("coffee", "CMYK", "JPEG", None),
+         ("chelsea", "RGB", "WEBP", (40, 25)), ("camera", "L", "TIFF", (31, 33))]
+# name -> (builder, runtime, transformers' PIL processor)
+MODELS = {"clip": (build_clip, "onnx", CLIPImageProcessorPil), "clip_ts": (build_clip, "torchscript",
+                                                                          CLIPImageProcessorPil),
+          "siglip": (build_siglip, "onnx", SiglipImageProcessorPil)}
+TOLERANCE = 1e-5
+
+
+def photo(name: str, mode: str, fmt: str, size: tuple[int, int] | None) -> bytes:
+    image = Image.fromarray(PHOTOS[name])
+    image = image.resize(size, Image.Resampling.LANCZOS) if size else image
+    if mode == "RGBA":
+        image = Image.merge("RGBA", (*image.convert("RGB").split(), Image.linear_gradient("L").resize(image.size)))
+    else:
+        image = image.convert("RGB").quantize(64) if mode == "P" else image.convert(mode)
+    out = io.BytesIO()
+    image.save(out, format=fmt)
+    return out.getvalue()
+
+
+def processor_config(folder: Path) -> dict:
+    if (folder / "preprocessor_config.json").is_file():
+        return json.loads((folder / "preprocessor_config.json").read_text())
+    return json.loads((folder / "processor_config.json").read_text())["image_processor"]
+
+
+def reference(folder: Path, processor: type, images: list[bytes], normalize: bool = True) -> np.ndarray:
+    """transformers on its own: its PIL image processor, its model (default attention), its features."""
+    config = {k: v for k, v in processor_config(folder).items() if k != "image_processor_type"}
+    pixels = processor(**config)([Image.open(io.BytesIO(d)) for d in images], return_tensors="pt")["pixel_values"]
+    model = AutoModel.from_pretrained(folder).eval()
+    with torch.no_grad():
+        features = model.get_image_features(pixel_values=pixels).pooler_output
+    return (torch.nn.functional.normalize(features, dim=-1) if normalize else features).numpy()
+
+
+@pytest.fixture(scope="module")
+def vision(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("vision")
+    repository = root / "repository"
+    folders = {}
+    for name, (build, runtime, _processor) in MODELS.items():
+        folders[name] = folders.get(name) or build(root / name)
+        export_model(folders[name], ExportOptions(name=name, out=repository, runtime=runtime))
+    server = start_server(repository, root / "server.log")
+    yield server, folders
+    assert server.stop() == 0
+
+
+def infer_http(server, model: str, images: list[bytes], **parameters) -> np.ndarray:
+    client = httpclient.InferenceServerClient(server.http_url)
+    tensor = httpclient.InferInput(IMAGE, [len(images), 1], "BYTES")
+    tensor.set_data_from_numpy(np.array(images, dtype=object).reshape(-1, 1))
+    return client.infer(f"{model}_image", [tensor], parameters=parameters or None).as_numpy("EMBEDDING")
+
+
+async def infer_grpc(server, model: str, images: list[bytes]):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        tensor = grpcclient.InferInput(IMAGE, [len(images), 1], "BYTES")
+        tensor.set_data_from_numpy(np.array(images, dtype=object).reshape(-1, 1))
+        return (await client.infer(f"{model}_image", [tensor])).as_numpy("EMBEDDING")
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_served_image_embeddings_equal_transformers(vision, model: str) -> None:
+    server, folders = vision
+    images = [photo(*case) for case in CASES]
+    expected = reference(folders[model], MODELS[model][2], images)
+    np.testing.assert_allclose(infer_http(server, model, images), expected, atol=TOLERANCE, rtol=0)
+    one_by_one = np.concatenate([asyncio.run(infer_grpc(server, model, [image])) for image in images])
+    np.testing.assert_allclose(one_by_one, expected, atol=TOLERANCE, rtol=0)
+    raw = infer_http(server, model, images[:3], use_activation=False)
+    np.testing.assert_allclose(raw, reference(folders[model], MODELS[model][2], images[:3], normalize=False),
+                               atol=TOLERANCE * (1 + np.abs(raw).max()), rtol=0)
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0)  # the raw features are not the normalised ones
+
+
+def _bomb() -> bytes:
+    """A valid PNG header declaring 100000 x 100000 pixels (a decompression bomb's)."""
+    import struct
+    import zlib
+
+    header = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)
+    chunk = b"IHDR" + header
+    return (b"\x89PNG\r\n\x1a\n" + struct.pack(">I", len(header)) + chunk
+            + struct.pack(">I", zlib.crc32(chunk) & 0xFFFFFFFF))
+
+
+BAD = {"not an image": b"GIF89a? no, plain text", "empty": b"",
+       "truncated": photo("coffee", "RGB", "JPEG", (200, 150))[:600], "bomb": _bomb(),
+       "unknown format": b"\x00\x00\x01\x00" + bytes(200)}
+
+
+@pytest.mark.parametrize("kind", list(BAD))
+def test_bad_images_are_refused_alone_and_the_server_keeps_serving(vision, kind: str) -> None:
+    server, folders = vision
+    good = photo("astronaut", "RGB", "PNG", (64, 64))
+
+    async def both():
+        return await asyncio.gather(infer_grpc(server, "clip", [good, BAD[kind]]), infer_grpc(server, "clip", [good]),
+                                    return_exceptions=True)
+
+    refused, served = asyncio.run(both())
+    assert "image 1:" in str(refused) and "StatusCode.INVALID_ARGUMENT" in str(refused), refused
+    np.testing.assert_allclose(served, reference(folders["clip"], CLIPImageProcessorPil, [good]), atol=TOLERANCE)
+    with pytest.raises(Exception, match="image 0") as error:
+        infer_http(server, "clip", [BAD[kind]])
+    assert "400" in str(error.value) or "Bad Request" in str(error.value) or error.value.status() == "400"
+
+
+def test_multimodal_architectures_not_supported_are_refused_by_name(tmp_path: Path) -> None:
+    for model_type, architecture in (("llava_next", "LlavaNextForConditionalGeneration"), ("clap", "ClapModel"),
+                                     ("siglip2", "Siglip2Model")):
+        folder = tmp_path / model_type
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model_type": model_type, "architectures": [architecture]}))
+        (folder / "tokenizer.json").write_text("{}")
+        with pytest.raises(ResolutionError, match=f"{architecture}.*not supported.*clip, siglip.*text side alone"):
+            export_model(folder, ExportOptions(name="m", out=tmp_path / "repository"))
+    assert not (tmp_path / "repository" / "m").exists()
+
+
+def test_image_tower_refuses_what_it_cannot_verify(tmp_path: Path) -> None:
+    folder = build_clip(tmp_path)
+    with pytest.raises(ResolutionError, match="onnx or torchscript, not openvino"):
+        export_model(folder, ExportOptions(name="m", out=tmp_path / "repository", runtime="openvino"))
+    config = json.loads((folder / "preprocessor_config.json").read_text())
+    (folder / "preprocessor_config.json").write_text(json.dumps({**config, "crop_size": {"height": 24, "width": 24}}))
+    with pytest.raises(ResolutionError, match="24x24 images, while the vision tower was built for 32x32"):
+        export_model(folder, ExportOptions(name="m", out=tmp_path / "repository"))
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_python_client_embeds_bytes_paths_and_pil_images(vision, protocol: str, tmp_path: Path) -> None:
+    from pooltriton.client import PoolingClient
+
+    server, folders = vision
+    images = [photo(*case) for case in CASES[:4]]
+    path = tmp_path / "photo.jpg"
+    path.write_bytes(images[1])
+    inputs = [images[0], path, str(path), Image.open(io.BytesIO(images[2])), images[3]]
+    expected = reference(folders["siglip"], SiglipImageProcessorPil, [images[0], images[1], images[1], images[2],
+                                                                       images[3]])
+    url = server.http_url if protocol == "http" else server.grpc_url
+    with PoolingClient(url, protocol=protocol) as client:
+        # the export's name finds its image tower (siglip_image); so does the image ensemble's own name
+        np.testing.assert_allclose(client.embed_images(inputs, model="siglip"), expected, atol=TOLERANCE)
+        np.testing.assert_allclose(client.embed_images(inputs[:1], model="siglip_image"), expected[:1], atol=TOLERANCE)
+        with pytest.raises(ValueError, match="no model 'minilm' with an image tower"):
+            client.embed_images(inputs[:1], model="minilm")
+        with pytest.raises(Exception, match="image 0: not an image"):
+            client.embed_images([b"plain text"], model="clip")
+
+
+@contextmanager
+def gateway(server):
+    import httpx
+
+    from conftest import running_gateway
+
+    with running_gateway(server.grpc_url, admin_key=server.admin_key) as base, \
+            httpx.Client(base_url=base, timeout=60) as http:
+        yield http
+
+
+def data_url(data: bytes, kind: str = "png") -> str:
+    import base64
+
+    return f"data:image/{kind};base64,{base64.b64encode(data).decode()}"
+
+
+def test_gateway_routes_embed_images_as_vllm_cohere_and_infinity_send_them(vision) -> None:
+    server, folders = vision
+    images = [photo(*case) for case in CASES[:3]]
+    expected = reference(folders["clip"], CLIPImageProcessorPil, images)
+    with gateway(server) as http:
+        # vLLM: one message of one image_url part; the export's name finds the image tower
+        for index, image in enumerate(images):
+            body = {"model": "clip", "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": data_url(image)}}]}]}
+            answer = http.post("/v1/embeddings", json=body)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["model"] == "clip"
+            np.testing.assert_allclose(answer.json()["data"][0]["embedding"], expected[index], atol=TOLERANCE)
+        # infinity: modality "image", input a list of data URLs
+        answer = http.post("/v1/embeddings", json={"model": "clip_image", "modality": "image",
+                                                  "input": [data_url(i) for i in images]})
+        assert answer.status_code == 200, answer.text
+        np.testing.assert_allclose([d["embedding"] for d in answer.json()["data"]], expected, atol=TOLERANCE)
+        # Cohere v2: images, and inputs of image_url parts
+        for body in ({"model": "clip", "images": [data_url(i) for i in images], "input_type": "image"},
+                     {"model": "clip", "inputs": [{"content": [{"type": "image_url",
+                                                                "image_url": {"url": data_url(i)}}]} for i in images]}):
+            answer = http.post("/v2/embed", json=body)
+            assert answer.status_code == 200, answer.text
+            np.testing.assert_allclose(answer.json()["embeddings"]["float"], expected, atol=TOLERANCE)
+
+
+REFUSED = {
+    "remote url": ("https://example.com/cat.png", "does not fetch images from https URLs"),
+    "loopback url": ("http://127.0.0.1:8000/v2/health/ready", "does not fetch images from http URLs"),
+    "local file": ("file:///etc/passwd", "does not fetch images from file URLs"),
+    "not base64": ("data:image/png;base64,@@@@", "base64 is not valid"),
+    "not an image type": ("data:text/plain;base64,aGVsbG8=", "holds text/plain, not an image"),
+    "not an image": (data_url(b"hello, not pixels"), "image 1: not an image"),
+    "truncated": (data_url(photo("coffee", "RGB", "JPEG", (200, 150))[:900], "jpeg"),
+                  "image 1: the image is truncated"),
+}
+
+
+@pytest.mark.parametrize("kind", list(REFUSED))
+def test_gateway_refuses_urls_it_does_not_fetch_and_bad_images_with_a_400(vision, kind: str) -> None:
+    server, _folders = vision
+    url, message = REFUSED[kind]
+    good = data_url(photo("astronaut", "RGB", "PNG", (40, 40)))
+    with gateway(server) as http:
+        answer = http.post("/v1/embeddings", json={"model": "clip", "modality": "image", "input": [good, url]})
+        assert answer.status_code == 400, answer.text
+        assert message in answer.json()["error"]["message"]
+        assert http.post("/v1/embeddings", json={"model": "clip", "modality": "image",
+                                                 "input": [good]}).status_code == 200  # still serving
+        text = http.post("/v1/embeddings", json={"model": "clip_image", "input": "a text"})
+        assert text.status_code == 400 and "embeds images" in text.json()["error"]["message"]
