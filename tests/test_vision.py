@@ -114,6 +114,64 @@ def test_served_image_embeddings_equal_transformers(vision, model: str) -> None:
     assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0)  # the raw features are not the normalised ones
 
 
+TEXTS = ["a photo of an astronaut", "a cup of coffee on a table", "a cat", "Ünïcödé text, and 😀 emoji!",
+         "a grayscale photograph of a man holding a camera on a tripod"]
+
+
+def text_reference(folder: Path, texts: list[str], padded: bool) -> np.ndarray:
+    """transformers on its own: its tokenizer (SigLIP's padded to its length, as its processor pads), its model."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModel.from_pretrained(folder).eval()
+    rows = []
+    with torch.no_grad():
+        for text in texts:  # each alone: the served batch pads, the reference does not
+            made = tokenizer([text], return_tensors="pt", **({"padding": "max_length", "max_length": 64}
+                                                               if padded else {}))
+            if padded:
+                made.pop("attention_mask", None)
+            rows.append(model.get_text_features(**made).pooler_output[0])
+    return torch.nn.functional.normalize(torch.stack(rows), dim=-1).numpy()
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_text_tower_and_image_text_scores_equal_transformers(vision, model: str) -> None:
+    from pooltriton.client import PoolingClient
+
+    server, folders = vision
+    expected = text_reference(folders[model], TEXTS, padded=model == "siglip")
+    images = [photo(*case) for case in CASES[:3]]
+    with PoolingClient(server.grpc_url, protocol="grpc") as client:
+        texts = client.embed(TEXTS, model=model)
+        np.testing.assert_allclose(texts, expected, atol=TOLERANCE, rtol=0)
+        # image-text similarity as CLIP's logits_per_image before its scale: the cosine of the two towers'
+        pixels = reference(folders[model], MODELS[model][2], images)
+        scores = client.score(TEXTS[0], TEXTS[1:3], model=model)
+        np.testing.assert_allclose(scores, expected[1:3] @ expected[0], atol=TOLERANCE)
+        served = client.embed_images(images, model=model) @ texts.T
+    np.testing.assert_allclose(served, pixels @ expected.T, atol=2 * TOLERANCE)
+    np.testing.assert_allclose(served, model_cosines(folders[model], MODELS[model][2], images, TEXTS,
+                                                     padded=model == "siglip"), atol=2 * TOLERANCE)
+
+
+def model_cosines(folder: Path, processor: type, images: list[bytes], texts: list[str], padded: bool) -> np.ndarray:
+    """transformers' own image-text logits (CLIPModel / SiglipModel forward), their scale and bias taken off."""
+    from transformers import AutoTokenizer
+
+    config = {k: v for k, v in processor_config(folder).items() if k != "image_processor_type"}
+    pixels = processor(**config)([Image.open(io.BytesIO(d)) for d in images], return_tensors="pt")["pixel_values"]
+    made = AutoTokenizer.from_pretrained(folder)(texts, return_tensors="pt", padding="max_length" if padded else True,
+                                                 max_length=64 if padded else None)
+    if padded:
+        made.pop("attention_mask")
+    model = AutoModel.from_pretrained(folder).eval()
+    with torch.no_grad():
+        logits = model(pixel_values=pixels, **made).logits_per_image
+        bias = getattr(model, "logit_bias", None)
+        return ((logits - (bias if bias is not None else 0)) / model.logit_scale.exp()).numpy()
+
+
 def _bomb() -> bytes:
     """A valid PNG header declaring 100000 x 100000 pixels (a decompression bomb's)."""
     import struct
@@ -260,3 +318,35 @@ def test_gateway_refuses_urls_it_does_not_fetch_and_bad_images_with_a_400(vision
                                                  "input": [good]}).status_code == 200  # still serving
         text = http.post("/v1/embeddings", json={"model": "clip_image", "input": "a text"})
         assert text.status_code == 400 and "embeds images" in text.json()["error"]["message"]
+
+
+def test_gateway_embeds_texts_and_scores_images_against_a_text_as_vllm(vision) -> None:
+    server, folders = vision
+    images = [photo(*case) for case in CASES[:3]]
+    texts = text_reference(folders["clip"], TEXTS[:2], padded=False)
+    cosines = model_cosines(folders["clip"], CLIPImageProcessorPil, images, TEXTS[:1], padded=False)[:, 0]
+    parts = [{"type": "image_url", "image_url": {"url": data_url(image)}} for image in images]
+    with gateway(server) as http:
+        # vLLM's chat form of one text part, and plain `input`: the text tower
+        for body in ({"model": "clip", "messages": [{"role": "user", "content": [{"type": "text", "text": TEXTS[0]}]}]},
+                     {"model": "clip", "input": TEXTS[:2]}):
+            answer = http.post("/v1/embeddings", json=body)
+            assert answer.status_code == 200, answer.text
+            got = [d["embedding"] for d in answer.json()["data"]]
+            np.testing.assert_allclose(got, texts[: len(got)], atol=TOLERANCE)
+        # /score: a text query against image documents (content parts), by cosine
+        for second in ({"documents": {"content": parts}}, {"data_2": [{"content": [part]} for part in parts]}):
+            first = "queries" if "documents" in second else "data_1"
+            answer = http.post("/score", json={"model": "clip", first: TEXTS[0], **second})
+            assert answer.status_code == 200, answer.text
+            np.testing.assert_allclose([d["score"] for d in answer.json()["data"]], cosines, atol=2 * TOLERANCE)
+        answer = http.post("/rerank", json={"model": "clip", "query": TEXTS[0], "documents": {"content": parts},
+                                            "top_n": 2})
+        assert answer.status_code == 200, answer.text
+        results = answer.json()["results"]
+        assert [r["index"] for r in results] == list(np.argsort(-cosines)[:2])
+        np.testing.assert_allclose([r["relevance_score"] for r in results], np.sort(cosines)[::-1][:2],
+                                   atol=2 * TOLERANCE)
+        mixed = http.post("/score", json={"model": "clip", "queries": TEXTS[0],
+                                          "documents": {"content": [parts[0], {"type": "text", "text": "x"}]}})
+        assert mixed.status_code == 400 and "image_url part" in mixed.json()["error"]["message"]

@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import CLIPConfig, CLIPModel, SiglipConfig, SiglipModel
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers.pre_tokenizers import ByteLevel
+from transformers import CLIPConfig, CLIPModel, CLIPTokenizer, PreTrainedTokenizerFast, SiglipConfig, SiglipModel
 
 VISION = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
           "patch_size": 8}
@@ -43,14 +45,36 @@ def build_clip(root: Path, image_size: int = 32, seed: int = 0) -> Path:
                  "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
                  "do_convert_rgb": True}
     (folder / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
+    clip_tokenizer().save_pretrained(folder)
     return folder
+
+
+def clip_tokenizer() -> CLIPTokenizer:
+    """CLIP's tokenizer offline: a character-level byte BPE (GPT-2's 256 byte characters, each also with
+    </w>, no merges) with CLIP's start and end tokens (ids 512, 513; the end token pads, as openai's)."""
+    characters = sorted(ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(characters)} | {c + "</w>": 256 + i for i, c in enumerate(characters)}
+    vocab |= {"<|startoftext|>": 512, "<|endoftext|>": 513}
+    return CLIPTokenizer(vocab=vocab, merges=[])
+
+
+def siglip_tokenizer(length: int) -> PreTrainedTokenizerFast:
+    """A fast tokenizer in SigLIP's manner: byte-level pieces, </s> (id 1) ending every text and padding it."""
+    characters = sorted(ByteLevel.alphabet())
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2} | {c: 3 + i for i, c in enumerate(characters)}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="</s>", pad_token="</s>",
+                                   unk_token="<unk>", model_max_length=length)
 
 
 def build_siglip(root: Path, image_size: int = 32, seed: int = 1) -> Path:
     """google/siglip-base-patch16-224's layout in small: a processor_config.json holding the image processor."""
     folder = root / "tiny-siglip"
     config = SiglipConfig(vision_config={**VISION, "image_size": image_size},
-                          text_config={**TEXT, "vocab_size": 520, "max_position_embeddings": 16,
+                          text_config={**TEXT, "vocab_size": 520, "max_position_embeddings": 64,
                                        "pad_token_id": 1, "eos_token_id": 1, "bos_token_id": 1})
     _seeded(SiglipModel(config).eval(), seed).save_pretrained(folder)
     processor = {"image_processor": {"image_processor_type": "SiglipImageProcessor", "do_resize": True,
@@ -59,4 +83,5 @@ def build_siglip(root: Path, image_size: int = 32, seed: int = 1) -> Path:
                                      "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
                  "processor_class": "SiglipProcessor"}
     (folder / "processor_config.json").write_text(json.dumps(processor, indent=2))
+    siglip_tokenizer(64).save_pretrained(folder)
     return folder

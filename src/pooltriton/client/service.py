@@ -475,6 +475,17 @@ class PoolingService:
         results = await asyncio.gather(*(self.transport.infer(request) for request in requests))
         return Pooled(np.concatenate([result[info.outputs[0]] for result in results]), 0)
 
+    async def score_images(self, query: str, images: Sequence[Any], *, model: str | None = None,
+                           priority: int = 0) -> Pooled[np.ndarray]:
+        """A text against images: the cosine of the text tower's embedding and each image's (vLLM's scoring of
+        multimodal embedders; CLIP's logits before their scale)."""
+        image = await self.image_info(model)
+        if image.text_model is None:
+            raise RequestError(f"model {image.name!r} has no text tower to score images against", "model")
+        text = await self.encode([query], model=image.text_model, task="embed", priority=priority)
+        vectors = await self.embed_images(images, model=image.name, priority=priority)
+        return Pooled(vectors.values @ np.asarray(text.values)[0], text.tokens)
+
     async def score(self, query: str | Sequence[str], documents: str | Sequence[str], *, model: str | None = None,
                     priority: int = 0, **options: Any) -> Pooled[np.ndarray]:
         """`<model>_score`: 1:1, 1:N (one query) or N:N (zipped lists)."""

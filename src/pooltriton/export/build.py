@@ -293,33 +293,87 @@ def _export_model(model_dir: Path, options: ExportOptions) -> dict:
 
 
 def _export_image_model(model_dir: Path, options: ExportOptions, hf: dict) -> dict:
-    """An image-text dual encoder (CLIP, SigLIP): its image tower as the image ensemble (export.vision)."""
+    """An image-text dual encoder (CLIP, SigLIP): its image tower as `<name>_image` (export.vision) and its
+    text tower as the text pipeline `<name>` (export.text_tower), each verified against transformers."""
+    from pooltriton.export.text_tower import tower_config
     from pooltriton.export.vision import export_image_tower, multimodal_refusal
 
     if hf.get("model_type") not in VISION_MODEL_TYPES:
         raise ResolutionError(multimodal_refusal(hf))
-    if options.precision == AUTO:  # image towers are verified in fp32 (fp16 TorchScript on a GPU)
+    if options.precision == AUTO:  # towers are verified in fp32 (fp16 TorchScript on a GPU)
         fp16 = (options.runtime, options.device) == ("torchscript", CUDA)
         options = replace(options, precision=FP16 if fp16 else FP32)
-        print(f"--precision auto: {options.precision} (image towers)", file=sys.stderr)
-    _runtime, options = options.check(detect())
+        print(f"--precision auto: {options.precision} (image-text towers)", file=sys.stderr)
+    runtime, options = options.check(detect())
     check_model_files(model_dir, hf, options.allow_pickle, options.trust_remote_code)
     if hf.get("auto_map"):
-        raise ResolutionError(f"{model_dir} names custom code (auto_map): image towers are served from "
+        raise ResolutionError(f"{model_dir} names custom code (auto_map): image-text models are served from "
                               "transformers' own CLIPModel / SiglipModel only")
-    progress = Progress(4)
+    config = tower_config(model_dir, hf)
+    progress = Progress(4 if config is None else 7)
     out = Path(options.out)
-    names = image_stages(options.name)
     staging = staging_folder(out, options.name)
+    text = options.name if config is not None else None
     try:
-        report = export_image_tower(model_dir, options, hf, progress, staging)
+        report = {"image": asdict(export_image_tower(model_dir, options, hf, progress, staging, text_model=text))}
+        if config is not None:
+            report["text"] = asdict(_export_text_tower(model_dir, options, config, runtime, progress, staging))
         progress(f"writing model configurations under {out}")
-        publish(staging, out, names)
+        publish(staging, out, [*(stages(options.name) if config is not None else ()), *image_stages(options.name)])
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    print(f"exported {options.name}'s image tower as {names.ensemble} ({options.runtime}, {options.precision}) to "
-          f"{out}; its text tower is not exported yet", file=sys.stderr)
-    return asdict(report)
+    towers = "image and text towers" if config is not None else "image tower (no tokenizer.json: no text tower)"
+    print(f"exported {options.name}'s {towers} ({options.runtime}, {options.precision}) to {out}", file=sys.stderr)
+    return report
+
+
+def _export_text_tower(model_dir: Path, options: ExportOptions, config: PoolerConfig, runtime: Runtime,
+                       progress: Progress, staging: Path):
+    from pooltriton.export import text_tower
+    from pooltriton.export.encoder import DTYPES, export_onnx
+    from pooltriton.export.memory import encoder_memory
+    from pooltriton.export.tokens import served_tokenizer
+    from pooltriton.export.verify import exporter, verify
+
+    names = stages(options.name)
+    tokenizer = served_tokenizer(model_dir, config)
+    progress(f"loading {config.architecture}'s text tower (max {config.max_length} tokens)")
+    tower = text_tower.load_tower(model_dir, config.model_type, options.allow_pickle)
+    artefact = staging / names.encoder / "1" / runtime.filename
+    progress(f"exporting the {options.runtime} text encoder to {Path(options.out) / names.encoder / '1'}")
+    if options.runtime == "onnx":
+        export_onnx(tower, artefact, config.max_length)
+    else:
+        text_tower.export_torchscript(tower.to(DTYPES[options.precision]), artefact, options.device)
+    progress("verifying the text encoder against transformers' get_text_features")
+    report = verify(text_tower.reference(model_dir, config.model_type, options.allow_pickle),
+                    exporter(options.runtime)[1](artefact, options.precision, options.device), tokenizer, config,
+                    tower.input_names, runtime=runtime.backend, precision=options.precision,
+                    tolerance=options.tolerance)
+    print(report.table(), file=sys.stderr)
+    width = _tower_width(tower, options.device)
+    models = pipeline_configs(options, config, tower.input_names, ENCODER_OUTPUT, width, tokenizer.pad_token_id,
+                              encoder_memory(model_dir))
+    for model in models:
+        if model.name == names.ensemble:
+            model.parameters["image_model"] = image_stages(options.name).ensemble
+    if not text_tower.TOWERS[config.model_type][1]:
+        text_tower.padded_to_length(models, names.tokenizer, config.max_length)
+    for model in models:
+        model.write(staging)
+    (staging / names.tokenizer / "1" / "tokenizer.json").write_text(tokenizer.text, encoding="utf-8")
+    _write_json(staging / names.encoder / "verification.json", asdict(report))
+    _write_json(staging / names.ensemble / "pooler_config.json", config.to_json())
+    return report
+
+
+def _tower_width(tower, device: str) -> int:
+    import torch
+
+    from pooltriton.export.encoder import sample_inputs
+
+    with torch.no_grad():
+        return int(tower(*sample_inputs(tower, device=device)).shape[-1])
 
 
 def without_fp16_overflow(config: PoolerConfig, options: ExportOptions, requested: str) -> ExportOptions:

@@ -271,7 +271,8 @@ def image_configs(options, processor: ImageProcessor, size: tuple[int, int], wid
     ]
 
 
-def export_image_tower(model_dir: Path, options, hf: dict, progress, staging: Path) -> VisionReport:
+def export_image_tower(model_dir: Path, options, hf: dict, progress, staging: Path,
+                       text_model: str | None = None) -> VisionReport:
     """Export, verify and write the image stages into `staging` (publish moves them in)."""
     processor, size = check_vision(model_dir, hf, options.runtime, options.precision, options.device)
     names = image_stages(options.name)
@@ -299,7 +300,7 @@ def export_image_tower(model_dir: Path, options, hf: dict, progress, staging: Pa
         shutil.rmtree(staging / names.encoder, ignore_errors=True)
         raise ResolutionError(f"the exported image encoder does not match transformers (max |Δ| "
                               f"{report.max_abs_error:.2e}, processor {report.processor})")
-    for model in image_configs(options, processor, size, width):
+    for model in image_configs(options, processor, size, width, text_model):
         model.write(staging)
     _write_json(staging / names.processor / "1" / PROCESSOR_FILE, processor.to_dict())
     _write_json(staging / names.encoder / "verification.json", asdict(report))

@@ -66,3 +66,24 @@ def message_images(messages: Sequence[dict]) -> list[tuple[str, str]] | None:
                 where = f"messages[{index}].content[{number}]"
                 found.append((part_url(part, where), where))
     return found or None
+
+
+def content_images(documents: Any, field: str) -> list[tuple[str, str]] | None:
+    """(url, where) of each image of vLLM's multimodal documents ({"content": [parts]}, or a list of them),
+    None for texts; a document part that is not an image is refused (one kind per request)."""
+    groups = documents if isinstance(documents, list) else [documents]
+    if not any(hasattr(group, "content") for group in groups):
+        return None
+    found = []
+    for number, group in enumerate(groups):
+        if not hasattr(group, "content"):
+            raise APIError(400, f"{field}: texts, or image content parts, not both in one request", field)
+        for index, part in enumerate(group.content):
+            where = f"{field}[{number}]" if isinstance(documents, list) else field
+            where += f".content[{index}]"
+            if not isinstance(part, dict) or part.get("type") not in IMAGE_PARTS:
+                raise APIError(400, f"{where}: scored against a text query, a document is an image_url part", where)
+            found.append((part_url(part, where), where))
+    if not found:
+        raise APIError(400, f"{field}: no image", field)
+    return found

@@ -144,17 +144,26 @@ class Cuts(ClassifyAliases):
                 if getattr(self, name)}
 
 
+class MultiModal(BaseModel):
+    """vLLM's ScoreMultiModalParam: documents as content parts (image_url parts: the model's image tower)."""
+
+    content: list[dict[str, Any]] = Field(max_length=1024)
+
+
+Documents = str | list[str] | MultiModal | list[MultiModal]
+
+
 class ScoreRequest(Cuts):
     """vLLM's pairs of fields, any one of them: queries/documents (its canonical names), queries/items,
     data_1/data_2, text_1/text_2."""
 
     queries: str | list[str] | None = None
-    documents: str | list[str] | None = None
-    items: str | list[str] | None = None
+    documents: Documents | None = None
+    items: Documents | None = None
     data_1: str | list[str] | None = None
-    data_2: str | list[str] | None = None
+    data_2: Documents | None = None
     text_1: str | list[str] | None = None
-    text_2: str | list[str] | None = None
+    text_2: Documents | None = None
 
     def _given(self) -> list[tuple[str, str]]:
         return [(a, b) for a, b in SCORE_PAIRS if getattr(self, a) is not None and getattr(self, b) is not None]
@@ -186,13 +195,15 @@ class RerankRequest(Cuts):
     """vLLM's (Cohere's, Jina's) body."""
 
     query: str
-    documents: str | list[str | CohereDocument]  # one text: vLLM wraps it in a list
+    documents: str | MultiModal | list[str | CohereDocument | MultiModal]  # one text: vLLM wraps it in a list
     top_n: int | None = Field(None, ge=0)  # vLLM's default 0: every document
     return_documents: bool = True
 
     def candidates(self) -> list[str]:
         if isinstance(self.documents, str):
             return [self.documents]
+        if isinstance(self.documents, MultiModal) or any(isinstance(d, MultiModal) for d in self.documents):
+            raise ValueError("documents: texts, or image content parts (the model's image tower), not both")
         return [document if isinstance(document, str) else document.text for document in self.documents]
 
 

@@ -11,7 +11,7 @@ from fastapi import Request, Response
 
 from pooltriton.client.service import PoolingService
 from pooltriton.gateway.errors import APIError
-from pooltriton.gateway.media import image_bytes, message_images
+from pooltriton.gateway.media import content_images, image_bytes, message_images
 from pooltriton.gateway.openai.protocol import (
     BYTES_FORMATS,
     ClassifyRequest,
@@ -42,8 +42,18 @@ async def _inputs(body: EmbeddingRequest | ClassifyRequest | PoolingRequest, ser
     rendered by the model's template and tokenized as one pre-tokenised input."""
     if body.messages is None:
         return encode_inputs(body.input)
+    if (text := _tower_text(body.messages)) is not None and (await serving.model(model)).image_model:
+        return [text], {}  # CLIP's and SigLIP's chat form: one message of one text, no template (vLLM's)
     ids = await serving(service.chat(body.messages, model=model, **body.chat()))
     return [json.dumps(ids)], {"input_format": "token_ids"}
+
+
+def _tower_text(messages: list[dict]) -> str | None:
+    """The text of one message holding one text (a string, or one text part), else None."""
+    content = messages[0].get("content") if len(messages) == 1 and isinstance(messages[0], dict) else None
+    if isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict):
+        content = content[0].get("text") if content[0].get("type") == "text" else None
+    return content if isinstance(content, str) else None
 
 
 def _images(body: EmbeddingRequest) -> list[tuple[str, str]] | None:
@@ -67,6 +77,14 @@ async def _embed_images(body: EmbeddingRequest, images: list[tuple[str, str]], s
     data = [image_bytes(url, where) for url, where in images]
     return model, await serving(service.embed_images(data, model=model.name, priority=body.priority,
                                                      use_activation=body.parameters().get("use_activation")))
+
+
+async def _score_images(query: Any, field: str, images: list[tuple[str, str]], body: ScoreRequest | RerankRequest,
+                        serving: Serving, service: PoolingService):
+    if not isinstance(query, str):
+        raise APIError(400, f"{field}: one text, scored against image documents", field)
+    data = [image_bytes(url, where) for url, where in images]
+    return await serving(service.score_images(query, data, model=body.model, priority=body.priority))
 
 
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
@@ -107,6 +125,12 @@ async def score(body: ScoreRequest, request: Request) -> Response:
     serving, service = served(request)
     model = await serving.model(body.model, scoring=True)
     (first, left), (second, right) = body.pair()
+    images = content_images(right, second)
+    if images is not None:  # vLLM's multimodal scoring: the cosine of the text and image towers' embeddings
+        pooled = await _score_images(left, first, images, body, serving, service)
+        data = [{"index": i, "object": "score", "score": float(s)} for i, s in enumerate(pooled.values)]
+        return JSON({**header("score", body.model, model), "object": "list", "data": data,
+                     "usage": usage(pooled.tokens)})
     queries, documents = as_texts(left, first), as_texts(right, second)
     pooled = await serving(service.score(queries, documents, model=model.name, priority=body.priority,
                                          **body.parameters()))
@@ -118,6 +142,13 @@ async def score(body: ScoreRequest, request: Request) -> Response:
 async def rerank(body: RerankRequest, request: Request) -> Response:
     serving, service = served(request)
     model = await serving.model(body.model, scoring=True)
+    images = content_images(body.documents, "documents")
+    if images is not None:
+        pooled = await _score_images(body.query, "query", images, body, serving, service)
+        order = sorted(range(len(images)), key=lambda i: -float(pooled.values[i]))[: body.top_n or None]
+        answer = header("rerank", body.model, model)
+        return JSON({"id": answer["id"], "model": answer["model"], "usage": usage(pooled.tokens),
+                     "results": [{"index": i, "relevance_score": float(pooled.values[i])} for i in order]})
     ranked = await serving(service.rerank(body.query, body.candidates(), model=model.name, top_n=body.top_n or None,
                                           priority=body.priority, **body.parameters()))
     results = []
