@@ -46,6 +46,7 @@ docs: $(VENV)/.installed
 
 bench: setup
 	$(PY) bench/bench.py --out bench_results
+	$(PY) bench/images.py --out bench_results
 
 # On a machine with one NVIDIA GPU and torch (CUDA), onnx, onnxruntime, transformers, tokenizers:
 # `scripts/gpu_bench.sh MODEL_DIR wheelhouse` (no internet needed). Here it runs on the CPU.

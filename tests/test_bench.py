@@ -21,6 +21,21 @@ BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench.py"
 
 
 @pytest.mark.server
+def test_image_benchmark_end_to_end(tmp_path) -> None:
+    """bench/images.py on a tiny tower: B and the served path at two client counts, stage shares."""
+    out = tmp_path / "bench"
+    result = subprocess.run([sys.executable, str(BENCH.parent / "images.py"), "--size", "tiny", "--images", "24",
+                             "--clients", "1,4", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"served,  4 clients: +[\d.]+ images/s +[\d.]+ x B", result.stdout), result.stdout
+    data = json.loads((out / "images.json").read_text())
+    assert [s["clients"] for s in data["served"]] == [1, 4] and len(data["baseline"]) == 2
+    assert set(data["stage_shares"]) == {"clip_image_processor", "clip_image_encoder"}
+    assert abs(sum(data["stage_shares"].values()) - 1) < 1e-9
+    assert [p.name for p in out.iterdir() if p.name.startswith("pooltriton-images-")] == []  # its repository went
+
+
+@pytest.mark.server
 def test_benchmark_end_to_end(tmp_path) -> None:
     out = tmp_path / "bench"
     result = subprocess.run(

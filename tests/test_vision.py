@@ -350,3 +350,19 @@ def test_gateway_embeds_texts_and_scores_images_against_a_text_as_vllm(vision) -
         mixed = http.post("/score", json={"model": "clip", "queries": TEXTS[0],
                                           "documents": {"content": [parts[0], {"type": "text", "text": "x"}]}})
         assert mixed.status_code == 400 and "image_url part" in mixed.json()["error"]["message"]
+
+
+def test_a_second_serve_of_an_image_text_folder_skips_its_export(tmp_path: Path) -> None:
+    from pooltriton.export.defaults import export_unless_current
+
+    folder = build_clip(tmp_path)
+    options = ExportOptions(name="clip", out=tmp_path / "repository")
+    assert export_unless_current(folder, options)
+    stamp = json.loads((tmp_path / "repository" / "clip" / "export_stamp.json").read_text())
+    assert 0 <= stamp["max_abs_error"] < TOLERANCE
+    assert not export_unless_current(folder, options)  # `pooltriton serve` again: seconds, not an export
+    (folder / "tokenizer.json").unlink()  # no fast tokenizer: the image tower alone, stamped there
+    image_only = ExportOptions(name="pictures", out=tmp_path / "repository")
+    assert export_unless_current(folder, image_only) and not export_unless_current(folder, image_only)
+    assert (tmp_path / "repository" / "pictures_image" / "export_stamp.json").is_file()
+    assert not (tmp_path / "repository" / "pictures").exists()

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pooltriton.contract import stages
+from pooltriton.contract import image_stages, stages
 from pooltriton.core.capabilities import Capabilities, detect
 from pooltriton.core.runtimes import CPU, CUDA, FP32
 
@@ -116,14 +116,20 @@ def export_unless_current(model_dir: Path, options: ExportOptions, force: bool =
 
     chosen = fingerprinted if fingerprinted is not None else {k: v for k, v in asdict(options).items() if k != "out"}
     fingerprint = _fingerprint(model_dir, chosen)
-    stamp = options.out / options.name / STAMP
+    stamps = [options.out / name / STAMP for name in (options.name, image_stages(options.name).ensemble)]
+    stamp = next((path for path in stamps if path.is_file()), stamps[0])
     if not force and stamp.is_file() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint:
         print(f"{options.name}: up to date ({stamp})", file=sys.stderr)
         return False
     report = export_model(model_dir, options)
+    # An image-text model reports each tower; one exported without a text tower has only its image ensemble.
+    towers = [report[kind] for kind in ("text", "image") if kind in report]
+    error = report.get("max_abs_error_activated") if not towers else max(
+        t.get("max_abs_error_activated", t.get("max_abs_error", 0.0)) for t in towers)
+    stamp = next(path for path in stamps if path.parent.is_dir())
     stamp.write_text(json.dumps({"fingerprint": fingerprint, "source": str(model_dir),
-                                 "options": asdict(options) | {"out": str(options.out)},
-                                 "max_abs_error": report["max_abs_error_activated"]}, indent=2, default=str) + "\n")
+                                 "options": asdict(options) | {"out": str(options.out)}, "max_abs_error": error},
+                                indent=2, default=str) + "\n")
     return True
 
 
