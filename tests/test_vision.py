@@ -18,7 +18,7 @@ import torch
 import tritonclient.grpc.aio as grpcclient
 import tritonclient.http as httpclient
 from PIL import Image
-from tiny_vision import build_clip, build_siglip
+from tiny_vision import build_clip, build_siglip, build_st_clip
 from transformers import AutoModel
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
@@ -78,6 +78,8 @@ def vision(tmp_path_factory: pytest.TempPathFactory):
     for name, (build, runtime, _processor) in MODELS.items():
         folders[name] = folders.get(name) or build(root / name)
         export_model(folders[name], ExportOptions(name=name, out=repository, runtime=runtime))
+    folders["st_clip"] = build_st_clip(root / "st_clip")
+    export_model(folders["st_clip"], ExportOptions(name="st_clip", out=repository))
     server = start_server(repository, root / "server.log")
     yield server, folders
     assert server.stop() == 0
@@ -366,3 +368,26 @@ def test_a_second_serve_of_an_image_text_folder_skips_its_export(tmp_path: Path)
     assert export_unless_current(folder, image_only) and not export_unless_current(folder, image_only)
     assert (tmp_path / "repository" / "pictures_image" / "export_stamp.json").is_file()
     assert not (tmp_path / "repository" / "pictures").exists()
+
+
+def test_a_sentence_transformers_clip_pipeline_serves_what_its_encode_answers(vision) -> None:
+    """The layout of sentence-transformers' clip-ViT-B-32 (its CLIP module in 0_CLIPModel, no Normalize):
+    images and texts answered as SentenceTransformer.encode answers them, raw, unless normalize is asked."""
+    from sentence_transformers import SentenceTransformer
+
+    from pooltriton.client import PoolingClient
+
+    server, folders = vision
+    model = SentenceTransformer(str(folders["st_clip"]), device="cpu")
+    images = [photo(*case) for case in CASES]
+    expected_images = model.encode([Image.open(io.BytesIO(d)) for d in images])
+    expected_texts = model.encode(TEXTS)
+    with PoolingClient(server.grpc_url, protocol="grpc") as client:
+        got = client.embed_images(images, model="st_clip")
+        np.testing.assert_allclose(got, expected_images, atol=TOLERANCE * (1 + np.abs(expected_images).max()))
+        np.testing.assert_allclose(client.embed(TEXTS, model="st_clip"), expected_texts,
+                                   atol=TOLERANCE * (1 + np.abs(expected_texts).max()))
+        unit = client.embed_images(images[:2], model="st_clip", use_activation=True)
+        np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1, atol=1e-6)
+    report = json.loads((server.repository / "st_clip_image_encoder" / "verification.json").read_text())
+    assert report["passed"] and report["processor"]["sentence_transformers"]["passed"]

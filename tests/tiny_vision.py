@@ -85,3 +85,24 @@ def build_siglip(root: Path, image_size: int = 32, seed: int = 1) -> Path:
     (folder / "processor_config.json").write_text(json.dumps(processor, indent=2))
     siglip_tokenizer(64).save_pretrained(folder)
     return folder
+
+
+def build_st_clip(root: Path) -> Path:
+    """sentence-transformers' clip-ViT-B-32 layout in small: modules.json naming a CLIPModel module in
+    0_CLIPModel/ and nothing after it (no Normalize: its users get raw vectors)."""
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import CLIPModel as CLIPModule
+
+    folder = root / "tiny-st-clip"
+    SentenceTransformer(modules=[CLIPModule(str(build_clip(root / "tower", seed=3)))]).save(str(folder))
+    module = folder / "0_CLIPModel"
+    module.mkdir()
+    for entry in list(folder.iterdir()):
+        if entry.name not in ("modules.json", "0_CLIPModel", "README.md", "config_sentence_transformers.json"):
+            shutil.move(entry, module / entry.name)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules[0]["path"] = "0_CLIPModel"
+    (folder / "modules.json").write_text(json.dumps(modules))
+    return folder

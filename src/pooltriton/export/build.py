@@ -78,7 +78,6 @@ from pooltriton.core.resolve import (
     SENTENCE_TRANSFORMERS,
     STATIC_EMBEDDING,
     SUPPORTED_MODEL_TYPES,
-    VISION_MODEL_TYPES,
     PoolerConfig,
     ResolutionError,
     resolve,
@@ -235,10 +234,12 @@ def _export_model(model_dir: Path, options: ExportOptions) -> dict:
     from pooltriton.export.memory import encoder_memory
     from pooltriton.export.tokens import served_tokenizer
     from pooltriton.export.verify import VerificationError
+    from pooltriton.export.vision import read_layout
 
     hf = json.loads((model_dir / "config.json").read_text()) if (model_dir / "config.json").is_file() else {}
-    if hf.get("model_type") in MULTIMODAL_MODEL_TYPES or hf.get("vision_config"):
-        return _export_image_model(model_dir, options, hf)
+    layout = read_layout(model_dir)
+    if layout is not None or hf.get("model_type") in MULTIMODAL_MODEL_TYPES or hf.get("vision_config"):
+        return _export_image_model(model_dir, options, hf, layout)
     requested = options
     runtime, options = options.check(detect())
     tokenizer_file = model_dir / "tokenizer.json"
@@ -292,32 +293,33 @@ def _export_model(model_dir: Path, options: ExportOptions) -> dict:
     return asdict(report)
 
 
-def _export_image_model(model_dir: Path, options: ExportOptions, hf: dict) -> dict:
+def _export_image_model(model_dir: Path, options: ExportOptions, hf: dict, layout) -> dict:
     """An image-text dual encoder (CLIP, SigLIP): its image tower as `<name>_image` (export.vision) and its
     text tower as the text pipeline `<name>` (export.text_tower), each verified against transformers."""
     from pooltriton.export.text_tower import tower_config
     from pooltriton.export.vision import export_image_tower, multimodal_refusal
 
-    if hf.get("model_type") not in VISION_MODEL_TYPES:
+    if layout is None:
         raise ResolutionError(multimodal_refusal(hf))
+    hf = json.loads((layout.tower / "config.json").read_text())
     if options.precision == AUTO:  # towers are verified in fp32 (fp16 TorchScript on a GPU)
         fp16 = (options.runtime, options.device) == ("torchscript", CUDA)
         options = replace(options, precision=FP16 if fp16 else FP32)
         print(f"--precision auto: {options.precision} (image-text towers)", file=sys.stderr)
     runtime, options = options.check(detect())
-    check_model_files(model_dir, hf, options.allow_pickle, options.trust_remote_code)
+    check_model_files(layout.tower, hf, options.allow_pickle, options.trust_remote_code)
     if hf.get("auto_map"):
         raise ResolutionError(f"{model_dir} names custom code (auto_map): image-text models are served from "
                               "transformers' own CLIPModel / SiglipModel only")
-    config = tower_config(model_dir, hf)
+    config = tower_config(layout.tower, hf, layout.normalize)
     progress = Progress(4 if config is None else 7)
     out = Path(options.out)
     staging = staging_folder(out, options.name)
     text = options.name if config is not None else None
     try:
-        report = {"image": asdict(export_image_tower(model_dir, options, hf, progress, staging, text_model=text))}
+        report = {"image": asdict(export_image_tower(layout, options, hf, progress, staging, text_model=text))}
         if config is not None:
-            report["text"] = asdict(_export_text_tower(model_dir, options, config, runtime, progress, staging))
+            report["text"] = asdict(_export_text_tower(layout.tower, options, config, runtime, progress, staging))
         progress(f"writing model configurations under {out}")
         publish(staging, out, [*(stages(options.name) if config is not None else ()), *image_stages(options.name)])
     finally:

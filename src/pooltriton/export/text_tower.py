@@ -56,7 +56,7 @@ class PaddedTextTower(TextTower):
         return self.activated(self.features(input_ids=input_ids), activate)
 
 
-def tower_config(model_dir: Path, hf: dict) -> PoolerConfig | None:
+def tower_config(model_dir: Path, hf: dict, normalize: bool = True) -> PoolerConfig | None:
     """The text tower's configuration, or None where it cannot be served: no fast tokenizer (tokenizer.json)."""
     if not (model_dir / "tokenizer.json").is_file():
         return None
@@ -67,8 +67,8 @@ def tower_config(model_dir: Path, hf: dict) -> PoolerConfig | None:
     limit = tokenizer.get("model_max_length")
     if isinstance(limit, int) and 0 < limit < length:
         length = limit
-    return PoolerConfig(task=Task.EMBED, pooling_type=pooling, activation=Activation.NORMALIZE, use_activation=True,
-                        max_length=length, architecture=(hf.get("architectures") or [""])[0],
+    return PoolerConfig(task=Task.EMBED, pooling_type=pooling, activation=Activation.NORMALIZE,
+                        use_activation=normalize, max_length=length, architecture=(hf.get("architectures") or [""])[0],
                         model_type=hf["model_type"], sources={"pooling_type": "model-family",
                                                               "max_length": "hf-config"})
 

@@ -99,6 +99,42 @@ def check_vision(model_dir: Path, hf: dict, runtime: str, precision: str, device
     return processor, size
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where the towers' transformers folder is, and whether the model's users get unit vectors: a
+    sentence-transformers pipeline (its CLIP module, then Normalize or not) or a plain checkpoint (its
+    users compare by cosine: normalised)."""
+
+    tower: Path
+    normalize: bool = True
+    sentence_transformers: Path | None = None  # the pipeline's folder, where it is one
+
+
+ST_TOWER_TYPES = ("CLIPModel", "Transformer")  # sentence-transformers' modules that hold a CLIP / SigLIP
+
+
+def read_layout(model_dir: Path) -> Layout | None:
+    """The layout of an image-text folder, or None where it is not one (a text model)."""
+    modules_file = model_dir / "modules.json"
+    if not modules_file.is_file():
+        return Layout(model_dir) if _model_type(model_dir) in VISION_MODEL_TYPES else None
+    modules = json.loads(modules_file.read_text())
+    first = modules[0] if modules else {}
+    tower = model_dir / first.get("path", "")
+    if not str(first.get("type", "")).endswith(ST_TOWER_TYPES) or _model_type(tower) not in VISION_MODEL_TYPES:
+        return None
+    rest = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules[1:]]
+    if any(kind != "Normalize" for kind in rest):
+        raise ResolutionError(f"{model_dir}: a sentence-transformers image-text pipeline with {', '.join(rest)} after "
+                              "its CLIP module is not served (its tower, then Normalize or nothing, is)")
+    return Layout(tower, normalize="Normalize" in rest, sentence_transformers=model_dir)
+
+
+def _model_type(folder: Path) -> str | None:
+    config = folder / "config.json"
+    return json.loads(config.read_text()).get("model_type") if config.is_file() else None
+
+
 def multimodal_refusal(hf: dict) -> str:
     architecture = (hf.get("architectures") or [hf.get("model_type") or "this model"])[0]
     return (f"{architecture} (model_type {hf.get('model_type')!r}) takes images, and its image path is not "
@@ -137,6 +173,10 @@ class VisionReport:
                  f"{c['min_cosine']:>10.7f}" for c in self.cases]
         rows.append(f"  image processor: {self.processor.get('equal', 0)} of {self.processor.get('images', 0)} "
                     f"images equal to {self.processor.get('reference', '?')} bit for bit")
+        if "sentence_transformers" in self.processor:
+            st = self.processor["sentence_transformers"]
+            rows.append(f"  SentenceTransformer.encode of the {st['images']} images: max |Δ| {st['max_abs_error']:.2e} "
+                        f"(allowed {st['allowed']:.2e}, normalised: {st['normalize']})")
         rows.append(f"  {'passed' if self.passed else 'FAILED'}: min cosine {self.min_cosine:.7f}")
         return "\n".join(rows)
 
@@ -155,8 +195,9 @@ def verify_processor(processor: ImageProcessor, model_type: str, images: list[Im
     return {"reference": theirs.__name__, "images": len(images), "equal": equal}
 
 
-def verify(model_dir: Path, run, processor: ImageProcessor, model_type: str, runtime: str, precision: str,
+def verify(layout: Layout, run, processor: ImageProcessor, model_type: str, runtime: str, precision: str,
            allow_pickle: bool, tolerance: float | None) -> VisionReport:
+    model_dir = layout.tower
     images = sample_images()
     pixels = np.stack([processor(image) for image in images])
     reference = load_model(model_dir, allow_pickle, eager=False)
@@ -179,10 +220,30 @@ def verify(model_dir: Path, run, processor: ImageProcessor, model_type: str, run
                       "min_cosine": cosine, "passed": bool(np.isfinite(got).all() and error <= allowed)})
     checked = verify_processor(processor, model_type, images)
     passed = all(c["passed"] for c in cases) and checked["equal"] == checked["images"]
+    if layout.sentence_transformers is not None:
+        pipeline = _against_sentence_transformers(layout, run, pixels, images, tolerance)
+        checked["sentence_transformers"] = pipeline
+        passed = passed and pipeline["passed"]
     return VisionReport(runtime=runtime, precision=precision,
                         reference=f"transformers {type(reference).__name__}.get_image_features", cases=cases,
                         max_abs_error=max(c["max_abs_error"] for c in cases), min_cosine=min(cosines),
                         tolerance=tolerance, passed=passed, processor=checked)
+
+
+def _against_sentence_transformers(layout: Layout, run, pixels: np.ndarray, images: list[Image.Image],
+                                   tolerance: float) -> dict:
+    """SentenceTransformer.encode of the PIL images (its own processor, its Normalize or none) against the
+    exported graph as served (ACTIVATE = the pipeline's normalisation)."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(layout.sentence_transformers), device="cpu")
+    expected = np.asarray(model.encode(images, convert_to_numpy=True), dtype=np.float64)
+    activate = np.full((len(images), 1), int(layout.normalize), dtype=np.int64)
+    got = np.asarray(run({PIXEL_VALUES: pixels, ACTIVATE: activate}), dtype=np.float64)
+    error = float(np.abs(got - expected).max())
+    allowed = tolerance * (1 + float(np.abs(expected).max()))
+    return {"images": len(images), "max_abs_error": error, "allowed": allowed, "passed": error <= allowed,
+            "normalize": layout.normalize}
 
 
 def _features(model: nn.Module, pixels: torch.Tensor) -> np.ndarray:
@@ -239,7 +300,7 @@ def runner(path: Path, runtime: str, device: str):
 
 
 def image_configs(options, processor: ImageProcessor, size: tuple[int, int], width: int,
-                  text_model: str | None = None) -> list[ModelConfig]:
+                  text_model: str | None = None, normalize: bool = True) -> list[ModelConfig]:
     """processor -> encoder behind one image ensemble."""
     names = image_stages(options.name)
     runtime = RUNTIMES[options.runtime]
@@ -253,14 +314,15 @@ def image_configs(options, processor: ImageProcessor, size: tuple[int, int], wid
     return [
         ModelConfig(name=names.processor, backend="image", max_batch_size=MAX_BATCH_SIZE, inputs=[images],
                     outputs=[pixels, activate], dynamic_batching=batching, instance_count=IMAGE_PROCESSOR_INSTANCES,
-                    parameters=ImageParameters(processor_file=PROCESSOR_FILE).to_parameters()),
+                    parameters=ImageParameters(processor_file=PROCESSOR_FILE,
+                                               use_activation=normalize).to_parameters()),
         ModelConfig(name=names.encoder, backend=runtime.backend, default_model_filename=runtime.filename,
                     max_batch_size=MAX_BATCH_SIZE, inputs=[pixels, activate], outputs=[pooled],
                     dynamic_batching=batching, instance_kind="KIND_GPU" if options.device == CUDA else "KIND_CPU",
                     parameters=runtime.parameters(options.encoder_threads, options.precision)),
         ModelConfig(name=names.ensemble, platform="ensemble", max_batch_size=MAX_BATCH_SIZE, inputs=[images],
                     outputs=[output],
-                    parameters=EnsembleParameters(task=Task.EMBED.value, modality="image", use_activation=True,
+                    parameters=EnsembleParameters(task=Task.EMBED.value, modality="image", use_activation=normalize,
                                                   precision=options.precision, text_model=text_model,
                                                   served_names=tuple(options.served_model_names) or None,
                                                   ).to_parameters(),
@@ -271,9 +333,10 @@ def image_configs(options, processor: ImageProcessor, size: tuple[int, int], wid
     ]
 
 
-def export_image_tower(model_dir: Path, options, hf: dict, progress, staging: Path,
+def export_image_tower(layout: Layout, options, hf: dict, progress, staging: Path,
                        text_model: str | None = None) -> VisionReport:
     """Export, verify and write the image stages into `staging` (publish moves them in)."""
+    model_dir = layout.tower
     processor, size = check_vision(model_dir, hf, options.runtime, options.precision, options.device)
     names = image_stages(options.name)
     progress(f"loading {(hf.get('architectures') or ['?'])[0]}'s image tower ({size[0]}x{size[1]} images)")
@@ -292,7 +355,7 @@ def export_image_tower(model_dir: Path, options, hf: dict, progress, staging: Pa
     progress("verifying the image encoder against transformers' get_image_features")
     if options.device == CUDA and not torch.cuda.is_available():
         raise ResolutionError("--device cuda: this machine has no GPU to verify the traced tower on")
-    report = verify(model_dir, runner(artefact, options.runtime, options.device if options.device == CUDA else CPU),
+    report = verify(layout, runner(artefact, options.runtime, options.device if options.device == CUDA else CPU),
                     processor, hf["model_type"], options.runtime, options.precision, options.allow_pickle,
                     options.tolerance)
     print(report.table(), file=sys.stderr)
@@ -300,7 +363,7 @@ def export_image_tower(model_dir: Path, options, hf: dict, progress, staging: Pa
         shutil.rmtree(staging / names.encoder, ignore_errors=True)
         raise ResolutionError(f"the exported image encoder does not match transformers (max |Δ| "
                               f"{report.max_abs_error:.2e}, processor {report.processor})")
-    for model in image_configs(options, processor, size, width, text_model):
+    for model in image_configs(options, processor, size, width, text_model, layout.normalize):
         model.write(staging)
     _write_json(staging / names.processor / "1" / PROCESSOR_FILE, processor.to_dict())
     _write_json(staging / names.encoder / "verification.json", asdict(report))
