@@ -252,12 +252,12 @@ def test_the_python_client_embeds_bytes_paths_and_pil_images(vision, protocol: s
 
 
 @contextmanager
-def gateway(server):
+def gateway(server, **options):
     import httpx
 
     from conftest import running_gateway
 
-    with running_gateway(server.grpc_url, admin_key=server.admin_key) as base, \
+    with running_gateway(server.grpc_url, admin_key=server.admin_key, **options) as base, \
             httpx.Client(base_url=base, timeout=60) as http:
         yield http
 
@@ -391,3 +391,19 @@ def test_a_sentence_transformers_clip_pipeline_serves_what_its_encode_answers(vi
         np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1, atol=1e-6)
     report = json.loads((server.repository / "st_clip_image_encoder" / "verification.json").read_text())
     assert report["passed"] and report["processor"]["sentence_transformers"]["passed"]
+
+
+def test_gateway_reads_local_images_only_under_the_allowed_folder(vision, tmp_path: Path) -> None:
+    from pooltriton.gateway.media import MediaPolicy
+
+    server, folders = vision
+    image = photo("coffee", "RGB", "JPEG", (120, 80))
+    (tmp_path / "coffee.jpg").write_bytes(image)
+    expected = reference(folders["clip"], CLIPImageProcessorPil, [image])
+    with gateway(server, media=MediaPolicy(local_path=tmp_path)) as http:
+        answer = http.post("/v1/embeddings", json={"model": "clip", "modality": "image",
+                                                  "input": [f"file://{tmp_path}/coffee.jpg"]})
+        assert answer.status_code == 200, answer.text
+        np.testing.assert_allclose(answer.json()["data"][0]["embedding"], expected[0], atol=TOLERANCE)
+        outside = http.post("/v1/embeddings", json={"model": "clip", "modality": "image", "input": ["file:///etc/hosts"]})
+        assert outside.status_code == 400 and "allowed local media path" in outside.json()["error"]["message"]

@@ -29,12 +29,14 @@ from tritonclient.utils import InferenceServerException
 from pooltriton.client.coalesce import IN_FLIGHT
 from pooltriton.client.service import PoolingService, Transport, TritonTransport
 from pooltriton.contract import ADMIN_KEY_ENV, QUEUE_TIMEOUT_MS, admin_headers
+from pooltriton.core.images import MAX_IMAGE_BYTES
 from pooltriton.gateway import common, shared
 from pooltriton.gateway.body_limit import BodyLimit
 from pooltriton.gateway.cohere.routes import router as cohere_router
 from pooltriton.gateway.disconnect import CancelOnDisconnect
 from pooltriton.gateway.errors import ERROR_SCHEMA, APIError, error_body, invalid, openai_error
 from pooltriton.gateway.guard import Guard
+from pooltriton.gateway.media import MEDIA_TIMEOUT_S, MediaPolicy
 from pooltriton.gateway.metrics import CLIENT_CLOSED, GatewayMetrics
 from pooltriton.gateway.openai.routes import router as openai_router
 from pooltriton.gateway.sagemaker.routes import router as sagemaker_router
@@ -57,7 +59,7 @@ TEI_PATHS = frozenset(route.path for route in tei_router.routes)  # answered in 
 def create_app(triton_url: str, api_key: str | None = None, client: Transport | None = None,
                admin_key: str | None = None, deadline_s: float | None = DEADLINE_S,
                coalesce: int = IN_FLIGHT, allowed_origins: Sequence[str] = ("*",),
-               dialects: Collection[str] = tuple(DIALECTS)) -> FastAPI:
+               dialects: Collection[str] = tuple(DIALECTS), media: MediaPolicy | None = None) -> FastAPI:
     """`client`: the service's transport (a fake in the route tests); default: tritonclient's aio gRPC
     client to `triton_url`, made when the app starts. `admin_key`: Triton's, for its restricted
     repository index (default: POOLTRITON_ADMIN_KEY). `deadline_s`: a request whose estimated wait behind
@@ -65,7 +67,8 @@ def create_app(triton_url: str, api_key: str | None = None, client: Transport | 
     `coalesce`: concurrent small requests for one model travel to Triton merged once that many calls are
     in flight per model and options (client.coalesce; 0: one call per request). `allowed_origins`: the
     browser origins CORS lets call it (vLLM's and TEI's default: any; empty: no CORS headers). `dialects`: the
-    dialects served (DIALECTS' names; /health, /version, /v1/models and /metrics always are)."""
+    dialects served (DIALECTS' names; /health, /version, /v1/models and /metrics always are). `media`: the
+    image URLs it may fetch (default: data URLs only)."""
     unknown = set(dialects) - set(DIALECTS)
     if unknown:
         raise ValueError(f"unknown dialects {sorted(unknown)}: choose among {', '.join(DIALECTS)}")
@@ -74,7 +77,7 @@ def create_app(triton_url: str, api_key: str | None = None, client: Transport | 
     observed = GatewayMetrics()
     serving = Serving(PoolingService(client, model=None, admin_headers=headers,  # type: ignore[arg-type]
                                      deadline_s=deadline_s, coalesce=coalesce,
-                                     observe_call=observed.requests_per_call.observe))
+                                     observe_call=observed.requests_per_call.observe), media)
     service = serving.service
 
     @asynccontextmanager
@@ -201,8 +204,23 @@ def main(argv: list[str] | None = None) -> int:
                         default=os.environ.get("POOLTRITON_DIALECTS", " ".join(DIALECTS)).split(),
                         help=f"the API dialects served (default: POOLTRITON_DIALECTS or all of {', '.join(DIALECTS)}); "
                         "/health, /version, /v1/models and /metrics always are")
+    parser.add_argument("--allowed-media-domains", nargs="*", metavar="DOMAIN",
+                        default=os.environ.get("POOLTRITON_ALLOWED_MEDIA_DOMAINS", "").split(),
+                        help="hosts image URLs may be fetched from (vLLM's flag; default: "
+                        "POOLTRITON_ALLOWED_MEDIA_DOMAINS or none: data URLs only); never a private address")
+    parser.add_argument("--allowed-local-media-path", type=Path, metavar="DIR",
+                        default=os.environ.get("POOLTRITON_ALLOWED_LOCAL_MEDIA_PATH") or None,
+                        help="a folder whose images file:// URLs may name (default: none)")
+    parser.add_argument("--max-image-bytes", type=int, default=MAX_IMAGE_BYTES,
+                        help=f"the largest image taken from a URL (default {MAX_IMAGE_BYTES})")
+    parser.add_argument("--media-timeout-s", type=float, default=MEDIA_TIMEOUT_S,
+                        help=f"the longest one image fetch may take (default {MEDIA_TIMEOUT_S:g})")
     parser.add_argument("--write-openapi", metavar="FILE", help="write the OpenAPI document and exit")
     args = parser.parse_args(argv)
+    if args.max_image_bytes < 1 or args.media_timeout_s <= 0:
+        parser.error("--max-image-bytes and --media-timeout-s must be positive")
+    media = MediaPolicy(frozenset(d.lower() for d in args.allowed_media_domains), args.allowed_local_media_path,
+                        args.max_image_bytes, args.media_timeout_s)
     if args.deadline_s < 0:
         parser.error("--deadline-s must be 0 (no admission by work) or positive")
     if args.coalesce < 0:
@@ -212,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.write_openapi).write_text(json.dumps(document, indent=2) + "\n")
         return 0
     app = create_app(args.triton, args.api_key, deadline_s=args.deadline_s or None, coalesce=args.coalesce,
-                     allowed_origins=args.allowed_origins, dialects=args.dialects)
+                     allowed_origins=args.allowed_origins, dialects=args.dialects, media=media)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
 

@@ -1,18 +1,28 @@
-"""Images as clients send them (vLLM's `image_url` parts, Cohere's `images`, infinity's `input`): the bytes of
-a data URL. The server fetches nothing a request names: a remote URL or a local file is refused with a 400
-that says what to send instead (docs/security.md), so no request makes the server reach an address the
-operator did not allow. The image itself is decoded under limits by the image stage in Triton."""
+"""Images as clients send them (vLLM's `image_url` parts, Cohere's `images`, infinity's `input`): a data URL
+always; an `http(s)` URL only from a domain the operator named (`--allowed-media-domains`, vLLM's flag), never
+from a private or loopback address, without redirects to another domain, under a size and time limit; a
+`file://` path only under `--allowed-local-media-path`. Everything else is a 400 saying what to send instead
+(docs/images.md). The image itself is decoded under limits by the image stage in Triton."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import ipaddress
 import re
+import socket
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urljoin, urlsplit
 
 from pooltriton.core.images import MAX_IMAGE_BYTES
 from pooltriton.gateway.errors import APIError
+
+MEDIA_TIMEOUT_S = 10.0  # one fetch, connection to last byte
+MAX_REDIRECTS = 3
 
 _DATA_URL = re.compile(r"data:(?P<type>[^;,]*)(?P<parameters>(;[^;,]*)*),", re.IGNORECASE)
 IMAGE_PARTS = ("image_url", "input_image", "image")  # vLLM's / OpenAI's part types that carry an image
@@ -26,8 +36,9 @@ def image_bytes(url: Any, where: str, max_bytes: int = MAX_IMAGE_BYTES) -> bytes
     if head is None:
         scheme = url.split(":", 1)[0].lower() if ":" in url else ""
         if scheme in ("http", "https", "file"):
-            raise APIError(400, f"{where}: this server does not fetch images from {scheme} URLs (no remote or local "
-                                "media is allowed): send the image inline as a data URL, "
+            flag = "--allowed-local-media-path" if scheme == "file" else "--allowed-media-domains"
+            raise APIError(400, f"{where}: this server does not fetch images from {scheme} URLs unless its operator "
+                                f"allows them ({flag}): send the image inline as a data URL, "
                                 "data:image/<format>;base64,<bytes>", where)
         raise APIError(400, f"{where}: not an image URL: send a data URL, data:image/<format>;base64,<bytes>", where)
     if ";base64" not in head["parameters"].lower():
@@ -87,3 +98,94 @@ def content_images(documents: Any, field: str) -> list[tuple[str, str]] | None:
     if not found:
         raise APIError(400, f"{field}: no image", field)
     return found
+
+
+@dataclass(frozen=True)
+class MediaPolicy:
+    """What the gateway may fetch for a request. `allow_private` is for tests on loopback only."""
+
+    domains: frozenset[str] = frozenset()  # hosts taken exactly (lower case); empty: no remote media
+    local_path: Path | None = None  # files under this folder; None: no local media
+    max_bytes: int = MAX_IMAGE_BYTES
+    timeout_s: float = MEDIA_TIMEOUT_S
+    allow_private: bool = field(default=False, repr=False)
+
+    async def load(self, url: Any, where: str) -> bytes:
+        scheme = url.split(":", 1)[0].lower() if isinstance(url, str) and ":" in url else ""
+        if scheme in ("http", "https") and self.domains:
+            try:
+                return await asyncio.wait_for(self._fetch(url, where), self.timeout_s)
+            except TimeoutError:
+                raise APIError(400, f"{where}: the image was not fetched within {self.timeout_s:g} s", where) from None
+        if scheme == "file" and self.local_path is not None:
+            return self._read(url, where)
+        return image_bytes(url, where, self.max_bytes)
+
+    async def load_all(self, urls: Sequence[tuple[str, str]]) -> list[bytes]:
+        return list(await asyncio.gather(*(self.load(url, where) for url, where in urls)))
+
+    def _read(self, url: str, where: str) -> bytes:
+        root = self.local_path.resolve()  # type: ignore[union-attr]
+        path = Path(unquote(urlsplit(url).path)).resolve()  # symlinks and '..' resolved before the check
+        if not path.is_relative_to(root) or not path.is_file():
+            raise APIError(400, f"{where}: no image file under the allowed local media path", where)
+        if path.stat().st_size > self.max_bytes:
+            raise APIError(400, f"{where}: the image is over the limit of {self.max_bytes} bytes", where)
+        return path.read_bytes()
+
+    async def _fetch(self, url: str, where: str) -> bytes:
+        import httpx
+
+        first = (urlsplit(url).hostname or "").lower()
+        async with httpx.AsyncClient(follow_redirects=False, timeout=self.timeout_s, trust_env=False) as client:
+            for _ in range(MAX_REDIRECTS + 1):
+                if (host := (urlsplit(url).hostname or "").lower()) != first:
+                    raise APIError(400, f"{where}: {first} redirects to another domain ({host}): not followed", where)
+                target, host, headers, extensions = await self._pinned(url, where)
+                try:
+                    async with client.stream("GET", target, headers=headers, extensions=extensions) as answer:
+                        if answer.is_redirect:
+                            url = urljoin(url, answer.headers.get("location", ""))
+                            continue
+                        if answer.status_code != 200:
+                            raise APIError(400, f"{where}: fetching the image got HTTP {answer.status_code}", where)
+                        return await self._body(answer, where)
+                except httpx.HTTPError as error:
+                    raise APIError(400, f"{where}: the image could not be fetched from {host} "
+                                        f"({type(error).__name__})", where) from None
+        raise APIError(400, f"{where}: more than {MAX_REDIRECTS} redirects", where)
+
+    async def _pinned(self, url: str, where: str) -> tuple[str, str, dict, dict]:
+        """The URL rewritten to the address its host resolves to, once checked (so a second lookup cannot
+        lead elsewhere), with the Host header and TLS name of the host."""
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        if parts.scheme not in ("http", "https") or host not in self.domains:
+            raise APIError(400, f"{where}: images are fetched only from the allowed media domains "
+                                f"({', '.join(sorted(self.domains))}), not {host or url!r}", where)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError:
+            raise APIError(400, f"{where}: {host} does not resolve", where) from None
+        addresses = [ipaddress.ip_address(info[4][0]) for info in found]
+        if not addresses or (not self.allow_private and not all(a.is_global for a in addresses)):
+            raise APIError(400, f"{where}: {host} resolves to a private, loopback or reserved address: not "
+                                "fetched", where)
+        address = addresses[0]
+        literal = f"[{address}]" if address.version == 6 else str(address)
+        target = parts._replace(netloc=f"{literal}:{port}").geturl()
+        headers = {"host": host if parts.port is None else f"{host}:{parts.port}", "accept": "image/*"}
+        return target, host, headers, ({"sni_hostname": host} if parts.scheme == "https" else {})
+
+    async def _body(self, answer: Any, where: str) -> bytes:
+        declared = answer.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            raise APIError(400, f"{where}: the image is over the limit of {self.max_bytes} bytes", where)
+        chunks, size = [], 0
+        async for chunk in answer.aiter_bytes():
+            size += len(chunk)
+            if size > self.max_bytes:  # a body longer than it said, or one that did not say
+                raise APIError(400, f"{where}: the image is over the limit of {self.max_bytes} bytes", where)
+            chunks.append(chunk)
+        return b"".join(chunks)

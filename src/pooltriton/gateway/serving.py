@@ -29,6 +29,7 @@ from pooltriton.contract import RETRY_AFTER_S
 from pooltriton.contract.requests import classify
 from pooltriton.gateway.errors import APIError
 from pooltriton.gateway.guard import CALLS_SPAN
+from pooltriton.gateway.media import MediaPolicy
 
 T = TypeVar("T")
 B = TypeVar("B", bound="BaseModel")
@@ -40,8 +41,9 @@ POOLING_ROUTE = "/pooling"
 class Serving:
     """The service as the routes use it: every call's errors as APIError with their HTTP status."""
 
-    def __init__(self, service: PoolingService) -> None:
+    def __init__(self, service: PoolingService, media: MediaPolicy | None = None) -> None:
         self.service = service
+        self.media = media or MediaPolicy()  # what image URLs it may fetch (gateway.media)
 
     async def model(self, name: str | None, task: str | None = None, route: str | None = None,
                     scoring: bool = False) -> ServedModel:

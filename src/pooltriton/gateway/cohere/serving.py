@@ -13,7 +13,6 @@ from pooltriton.client.service import ServedModel
 from pooltriton.contract.requests import check_dimensions
 from pooltriton.gateway.cohere.protocol import CohereEmbedRequest, CohereEmbedV1Request
 from pooltriton.gateway.errors import APIError
-from pooltriton.gateway.media import image_bytes
 from pooltriton.gateway.serving import JSON, base64_vector, served
 
 
@@ -62,7 +61,7 @@ async def _embed_images(body: CohereEmbedRequest, serving, service, kinds: Seque
     model = await serving(service.image_info(body.model))
     check_packing(kinds, model.width)
     check_scaling(kinds, model)
-    data = [image_bytes(url, where) for url, where in body.image_urls or []]
+    data = await serving.media.load_all(body.image_urls or [])
     pooled = await serving(service.embed_images(data, model=model.name, priority=body.priority))
     return {kind: encode(pooled.values, kind) for kind in dict.fromkeys(kinds)}, pooled.tokens
 

@@ -11,7 +11,7 @@ from fastapi import Request, Response
 
 from pooltriton.client.service import PoolingService
 from pooltriton.gateway.errors import APIError
-from pooltriton.gateway.media import content_images, image_bytes, message_images
+from pooltriton.gateway.media import content_images, message_images
 from pooltriton.gateway.openai.protocol import (
     BYTES_FORMATS,
     ClassifyRequest,
@@ -74,7 +74,7 @@ async def _embed_images(body: EmbeddingRequest, images: list[tuple[str, str]], s
                             "and SigLIP's chat form; send several images as `input` with modality \"image\"",
                        "messages")
     model = await serving(service.image_info(body.model))
-    data = [image_bytes(url, where) for url, where in images]
+    data = await serving.media.load_all(images)
     return model, await serving(service.embed_images(data, model=model.name, priority=body.priority,
                                                      use_activation=body.parameters().get("use_activation")))
 
@@ -83,7 +83,7 @@ async def _score_images(query: Any, field: str, images: list[tuple[str, str]], b
                         serving: Serving, service: PoolingService):
     if not isinstance(query, str):
         raise APIError(400, f"{field}: one text, scored against image documents", field)
-    data = [image_bytes(url, where) for url, where in images]
+    data = await serving.media.load_all(images)
     return await serving(service.score_images(query, data, model=body.model, priority=body.priority))
 
 
