@@ -108,3 +108,18 @@ def test_local_files_only_under_the_allowed_folder(tmp_path: Path) -> None:
         assert "no image file under the allowed local media path" in refused(policy, outside)
     assert "over the limit of 10 bytes" in refused(MediaPolicy(local_path=allowed, max_bytes=10),
                                                    f"file://{allowed}/cat.png")
+
+
+def test_urls_that_do_not_parse_or_lead_to_embedded_private_addresses_are_400s(tmp_path: Path) -> None:
+    import ipaddress
+
+    from pooltriton.gateway.media import _public
+
+    policy = MediaPolicy(frozenset({"example.org"}))
+    assert "not a valid URL" in refused(policy, "http://example.org:99999/cat.png")
+    assert "not a valid URL" in refused(policy, "http://[::1/cat.png")
+    assert "no image file" in refused(MediaPolicy(local_path=tmp_path), f"file://{tmp_path}/a%00b.png")
+    for address in ("127.0.0.1", "10.1.2.3", "169.254.169.254", "::1", "::ffff:127.0.0.1", "64:ff9b::7f00:1",
+                    "2002:7f00:1::", "fd00::1"):
+        assert not _public(ipaddress.ip_address(address)), address
+    assert _public(ipaddress.ip_address("93.184.215.14")) and _public(ipaddress.ip_address("2606:4700::1111"))

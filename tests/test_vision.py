@@ -245,7 +245,7 @@ def test_the_python_client_embeds_bytes_paths_and_pil_images(vision, protocol: s
         # the export's name finds its image tower (siglip_image); so does the image ensemble's own name
         np.testing.assert_allclose(client.embed_images(inputs, model="siglip"), expected, atol=TOLERANCE)
         np.testing.assert_allclose(client.embed_images(inputs[:1], model="siglip_image"), expected[:1], atol=TOLERANCE)
-        with pytest.raises(ValueError, match="no model 'minilm' with an image tower"):
+        with pytest.raises(LookupError, match="no model 'minilm' with an image tower"):
             client.embed_images(inputs[:1], model="minilm")
         with pytest.raises(Exception, match="image 0: not an image"):
             client.embed_images([b"plain text"], model="clip")
@@ -389,6 +389,13 @@ def test_a_sentence_transformers_clip_pipeline_serves_what_its_encode_answers(vi
                                    atol=TOLERANCE * (1 + np.abs(expected_texts).max()))
         unit = client.embed_images(images[:2], model="st_clip", use_activation=True)
         np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1, atol=1e-6)
+    with gateway(server) as http:  # scored by cosine, though the pipeline answers raw vectors
+        answer = http.post("/score", json={"model": "st_clip", "queries": TEXTS[0], "documents": {"content": [
+            {"type": "image_url", "image_url": {"url": data_url(image)}} for image in images[:3]]}})
+        assert answer.status_code == 200, answer.text
+        unit = lambda v: v / np.linalg.norm(v, axis=-1, keepdims=True)  # noqa: E731
+        np.testing.assert_allclose([d["score"] for d in answer.json()["data"]],
+                                   unit(expected_images[:3]) @ unit(expected_texts[0]), atol=2 * TOLERANCE)
     report = json.loads((server.repository / "st_clip_image_encoder" / "verification.json").read_text())
     assert report["passed"] and report["processor"]["sentence_transformers"]["passed"]
 
@@ -407,3 +414,58 @@ def test_gateway_reads_local_images_only_under_the_allowed_folder(vision, tmp_pa
         np.testing.assert_allclose(answer.json()["data"][0]["embedding"], expected[0], atol=TOLERANCE)
         outside = http.post("/v1/embeddings", json={"model": "clip", "modality": "image", "input": ["file:///etc/hosts"]})
         assert outside.status_code == 400 and "allowed local media path" in outside.json()["error"]["message"]
+
+
+def test_the_image_stage_refuses_a_bad_request_and_serves_the_rest_of_its_batch(monkeypatch, tmp_path: Path) -> None:
+    """One execute() call holding a good, a bad and a good request (as Triton's batcher hands them over): the
+    bad one alone gets INVALID_ARG, the others their pixels (the stage's own code, a stand-in for the stub)."""
+    import importlib
+    import sys
+    import types
+
+    class Tensor:
+        def __init__(self, name, array):
+            self.name, self.array = name, array
+
+        def as_numpy(self):
+            return self.array
+
+    class TritonError:
+        INVALID_ARG, INTERNAL = "INVALID_ARG", "INTERNAL"
+
+        def __init__(self, message, code=None):
+            self.message, self.code = message, code
+
+    class Response:
+        def __init__(self, tensors=(), error=None):
+            self.tensors, self.error = {t.name: t.array for t in tensors}, error
+
+    class Request:
+        def __init__(self, images):
+            self.inputs = {IMAGE: np.array(images, dtype=object).reshape(-1, 1)}
+
+        def parameters(self):
+            return ""
+
+    stub = types.ModuleType("triton_python_backend_utils")
+    stub.Tensor, stub.TritonError, stub.InferenceResponse = Tensor, TritonError, Response
+    stub.get_input_tensor_by_name = lambda request, name: (Tensor(name, request.inputs[name])
+                                                           if name in request.inputs else None)
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
+    common = importlib.import_module("pooltriton.backends.common")
+    monkeypatch.setattr(common, "pb_utils", stub)
+    stage = importlib.reload(importlib.import_module("pooltriton.backends.image.model"))
+    version = tmp_path / "1"
+    version.mkdir()
+    (version / "preprocessor_config.json").write_text(json.dumps({"image_processor_type": "CLIPImageProcessor",
+                                                                  "size": {"shortest_edge": 32},
+                                                                  "crop_size": {"height": 32, "width": 32}}))
+    model = stage.TritonPythonModel()
+    model.initialize({"model_config": json.dumps({"parameters": {}}), "model_name": "m_image_processor",
+                      "model_repository": str(tmp_path), "model_version": "1"})
+    good = photo("chelsea", "RGB", "PNG", (50, 40))
+    answers = model.execute([Request([good]), Request([good, b"not an image"]), Request([good, good])])
+    assert answers[0].error is None and answers[0].tensors["pixel_values"].shape == (1, 3, 32, 32)
+    assert answers[1].error.code == "INVALID_ARG" and answers[1].error.message.startswith("image 1: not an image")
+    assert answers[2].error is None and answers[2].tensors["pixel_values"].shape == (2, 3, 32, 32)
+    np.testing.assert_array_equal(answers[2].tensors["pixel_values"][0], answers[0].tensors["pixel_values"][0])

@@ -29,9 +29,9 @@ from pooltriton.contract.parameters import EncoderParameters
 # most this wide (wider rows cost more per token: attention grows with the square of the length).
 PRIME_CHUNKS, PRIME_MAX_TOKENS = 4, 32768
 PRIME_WIDTH = 512
-PRIME_LONG_S = 4.0
+PRIME_LONG_S = 4.0  # a first run this long is timed as it is (a large model on the CPU: load stays short)
 # Rows per run of a dense tower (images): 16 keeps a ViT's activations in cache on a CPU, as the text chunks.
-DENSE_CHUNK = 16  # a first run this long is timed as it is (a large model on the CPU: load stays short)
+DENSE_CHUNK = 16
 
 
 class EncoderShim:

@@ -443,20 +443,28 @@ class PoolingService:
         """The image ensemble of `model`: itself, the one its config names, or `<model>_image` (an export's
         image tower, served beside its text model or alone)."""
         name = self._name(model)
+        if (problem := invalid_model_name(name)) is not None:
+            raise RequestError(problem, "model")
         info = await self._found(name)
         if info is not None and info.modality == "image":
             return info
         image = await self._found((info.image_model if info else None) or image_stages(name).ensemble)
         if image is None or image.modality != "image":
-            raise RequestError(f"model {name!r} has no image tower: it embeds text only" if info else
-                               f"no model {name!r} with an image tower is served", "model")
+            if info is None:
+                raise ModelNotFound(f"no model {name!r} with an image tower is served")
+            raise RequestError(f"model {name!r} has no image tower: it embeds text only", "model")
         return image
 
     async def _found(self, name: str) -> ModelInfo | None:
+        """The model of that name, None where Triton has none (any other failure is raised)."""
         try:
             return await self.info(name)
-        except (InferenceServerException, LookupError):
+        except ModelNotFound:
             return None
+        except InferenceServerException as error:
+            if protocol.classify(error).status in (400, 404):
+                return None
+            raise
 
     async def embed_images(self, images: Sequence[bytes | str | Path | Any], *, model: str | None = None,
                            priority: int = 0, use_activation: bool | None = None) -> Pooled[np.ndarray]:
@@ -482,8 +490,10 @@ class PoolingService:
         image = await self.image_info(model)
         if image.text_model is None:
             raise RequestError(f"model {image.name!r} has no text tower to score images against", "model")
-        text = await self.encode([query], model=image.text_model, task="embed", priority=priority)
-        vectors = await self.embed_images(images, model=image.name, priority=priority)
+        # unit vectors whatever the towers answer by default (a sentence-transformers pipeline: raw)
+        text = await self.encode([query], model=image.text_model, task="embed", priority=priority,
+                                 use_activation=True)
+        vectors = await self.embed_images(images, model=image.name, priority=priority, use_activation=True)
         return Pooled(vectors.values @ np.asarray(text.values)[0], text.tokens)
 
     async def score(self, query: str | Sequence[str], documents: str | Sequence[str], *, model: str | None = None,

@@ -23,6 +23,11 @@ from pooltriton.gateway.errors import APIError
 
 MEDIA_TIMEOUT_S = 10.0  # one fetch, connection to last byte
 MAX_REDIRECTS = 3
+MAX_IMAGES = 128  # per request (Triton's batch limit): bounds what one body can make the gateway hold
+CONCURRENT_FETCHES = 4  # per request
+# Addresses is_global lets through that reach others: NAT64 and 6to4 embed an IPv4 address.
+EMBEDDING = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"),
+             ipaddress.ip_network("2002::/16"))
 
 _DATA_URL = re.compile(r"data:(?P<type>[^;,]*)(?P<parameters>(;[^;,]*)*),", re.IGNORECASE)
 IMAGE_PARTS = ("image_url", "input_image", "image")  # vLLM's / OpenAI's part types that carry an image
@@ -112,26 +117,45 @@ class MediaPolicy:
 
     async def load(self, url: Any, where: str) -> bytes:
         scheme = url.split(":", 1)[0].lower() if isinstance(url, str) and ":" in url else ""
-        if scheme in ("http", "https") and self.domains:
-            try:
+        try:
+            if scheme in ("http", "https") and self.domains:
                 return await asyncio.wait_for(self._fetch(url, where), self.timeout_s)
-            except TimeoutError:
-                raise APIError(400, f"{where}: the image was not fetched within {self.timeout_s:g} s", where) from None
-        if scheme == "file" and self.local_path is not None:
-            return self._read(url, where)
+            if scheme == "file" and self.local_path is not None:
+                return await asyncio.to_thread(self._read, url, where)
+        except asyncio.TimeoutError:  # (not the builtin before Python 3.11)
+            raise APIError(400, f"{where}: the image was not fetched within {self.timeout_s:g} s", where) from None
+        except ValueError:  # a URL that does not parse (a port out of range, an open bracket)
+            raise APIError(400, f"{where}: not a valid URL", where) from None
         return image_bytes(url, where, self.max_bytes)
 
     async def load_all(self, urls: Sequence[tuple[str, str]]) -> list[bytes]:
-        return list(await asyncio.gather(*(self.load(url, where) for url, where in urls)))
+        """Every image of a request, a few fetches at a time; the first refusal cancels the rest."""
+        if len(urls) > MAX_IMAGES:
+            raise APIError(400, f"at most {MAX_IMAGES} images per request, not {len(urls)}")
+        gate = asyncio.Semaphore(CONCURRENT_FETCHES)
+
+        async def one(url: str, where: str) -> bytes:
+            async with gate:
+                return await self.load(url, where)
+
+        tasks = [asyncio.ensure_future(one(url, where)) for url, where in urls]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()
 
     def _read(self, url: str, where: str) -> bytes:
         root = self.local_path.resolve()  # type: ignore[union-attr]
-        path = Path(unquote(urlsplit(url).path)).resolve()  # symlinks and '..' resolved before the check
-        if not path.is_relative_to(root) or not path.is_file():
-            raise APIError(400, f"{where}: no image file under the allowed local media path", where)
-        if path.stat().st_size > self.max_bytes:
-            raise APIError(400, f"{where}: the image is over the limit of {self.max_bytes} bytes", where)
-        return path.read_bytes()
+        try:
+            path = Path(unquote(urlsplit(url).path)).resolve()  # symlinks and '..' resolved before the check
+            if not path.is_relative_to(root) or not path.is_file():
+                raise APIError(400, f"{where}: no image file under the allowed local media path", where)
+            if path.stat().st_size > self.max_bytes:
+                raise APIError(400, f"{where}: the image is over the limit of {self.max_bytes} bytes", where)
+            return path.read_bytes()
+        except (OSError, ValueError):  # unreadable, or a path holding a NUL
+            raise APIError(400, f"{where}: no image file under the allowed local media path", where) from None
 
     async def _fetch(self, url: str, where: str) -> bytes:
         import httpx
@@ -169,7 +193,7 @@ class MediaPolicy:
         except OSError:
             raise APIError(400, f"{where}: {host} does not resolve", where) from None
         addresses = [ipaddress.ip_address(info[4][0]) for info in found]
-        if not addresses or (not self.allow_private and not all(a.is_global for a in addresses)):
+        if not addresses or (not self.allow_private and not all(_public(a) for a in addresses)):
             raise APIError(400, f"{where}: {host} resolves to a private, loopback or reserved address: not "
                                 "fetched", where)
         address = addresses[0]
@@ -189,3 +213,13 @@ class MediaPolicy:
                 raise APIError(400, f"{where}: the image is over the limit of {self.max_bytes} bytes", where)
             chunks.append(chunk)
         return b"".join(chunks)
+
+
+def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """A global address that embeds no other (IPv4-mapped, NAT64, 6to4 forms of a private one)."""
+    if address.version == 6:
+        if address.ipv4_mapped is not None:
+            return address.ipv4_mapped.is_global
+        if any(address in network for network in EMBEDDING):
+            return False
+    return address.is_global
