@@ -281,6 +281,11 @@ def test_gateway_routes_embed_images_as_vllm_cohere_and_infinity_send_them(visio
             assert answer.status_code == 200, answer.text
             assert answer.json()["model"] == "clip"
             np.testing.assert_allclose(answer.json()["data"][0]["embedding"], expected[index], atol=TOLERANCE)
+        # vLLM's /pooling takes the same chat form
+        answer = http.post("/pooling", json={"model": "clip", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": data_url(images[0])}}]}]})
+        assert answer.status_code == 200, answer.text
+        np.testing.assert_allclose(answer.json()["data"][0]["data"], expected[0], atol=TOLERANCE)
         # infinity: modality "image", input a list of data URLs
         answer = http.post("/v1/embeddings", json={"model": "clip_image", "modality": "image",
                                                   "input": [data_url(i) for i in images]})

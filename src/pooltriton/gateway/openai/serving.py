@@ -56,16 +56,16 @@ def _tower_text(messages: list[dict]) -> str | None:
     return content if isinstance(content, str) else None
 
 
-def _images(body: EmbeddingRequest) -> list[tuple[str, str]] | None:
+def _images(body: EmbeddingRequest | PoolingRequest) -> list[tuple[str, str]] | None:
     """(url, where) of the images a body sends: vLLM's image parts in `messages`, or infinity's `input` of
     data URLs with modality "image"; None for a body of texts."""
-    if body.modality == "image":
+    if getattr(body, "modality", "text") == "image":
         urls = [body.input] if isinstance(body.input, str) else list(body.input or [])
         return [(url, f"input[{index}]") for index, url in enumerate(urls)]
     return message_images(body.messages) if body.messages is not None else None
 
 
-async def _embed_images(body: EmbeddingRequest, images: list[tuple[str, str]], serving: Serving,
+async def _embed_images(body: EmbeddingRequest | PoolingRequest, images: list[tuple[str, str]], serving: Serving,
                         service: PoolingService):
     if body.dimensions is not None:
         raise APIError(400, "dimensions: image embeddings are answered whole", "dimensions")
@@ -163,10 +163,14 @@ async def rerank(body: RerankRequest, request: Request) -> Response:
 
 async def pooling(body: PoolingRequest, request: Request) -> Response:
     serving, service = served(request)
-    model = await serving.model(body.model, body.task, POOLING_ROUTE)
-    texts, input_format = await _inputs(body, serving, service, model.name)
-    pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **body.parameters(),
-                                          **input_format))
+    images = _images(body) if body.task in (None, "embed") else None
+    if images is not None:  # a CLIP / SigLIP image, as on /v1/embeddings
+        model, pooled = await _embed_images(body, images, serving, service)
+    else:
+        model = await serving.model(body.model, body.task, POOLING_ROUTE)
+        texts, input_format = await _inputs(body, serving, service, model.name)
+        pooled = await serving(service.encode(texts, model=model.name, priority=body.priority, **body.parameters(),
+                                              **input_format))
     answer = header("pool", body.model, model)
     answers = [np.asarray(values) for values in pooled.values]
     if body.encoding_format in BYTES_FORMATS:
