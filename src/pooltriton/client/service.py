@@ -452,7 +452,8 @@ class PoolingService:
         if image is None or image.modality != "image":
             if info is None:
                 raise ModelNotFound(f"no model {name!r} with an image tower is served")
-            raise RequestError(f"model {name!r} has no image tower: it embeds text only", "model")
+            raise RequestError(f"model {name!r} is not a multimodal model: it has no image tower and embeds text "
+                               "only", "model")
         return image
 
     async def _found(self, name: str) -> ModelInfo | None:
