@@ -687,7 +687,7 @@ def test_a_family_proven_for_one_use_is_refused_for_the_others(tmp_path: Path, f
 
 def test_every_one_use_family_names_a_use_the_refusal_can_word() -> None:
     from pooltriton.core.resolve import ONE_USE_MODEL_TYPES
-    from pooltriton.export.build import _ONE_USE_WORDS
+    from pooltriton.export.refusals import _ONE_USE_WORDS
 
     assert set(ONE_USE_MODEL_TYPES.values()) <= set(_ONE_USE_WORDS)
 

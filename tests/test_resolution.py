@@ -225,7 +225,7 @@ ATTENTION_TABLE = [
     # both keys: transformers halves the window and then keeps |q - kv| <= 5
     ("Gemma3TextModel", "gemma3_text", {"sliding_window": 8, "use_bidirectional_attention": True,
                                         "is_causal": False}, False, 6),
-    # the flag means nothing to transformers' Qwen3 (the export refuses it, export.build.check_architecture)
+    # the flag means nothing to transformers' Qwen3 (the export refuses it, export.refusals.check_architecture)
     ("Qwen3Model", "qwen3", {"use_bidirectional_attention": True}, True, 0),
     ("BertModel", "bert", {"is_causal": False}, False, 0),  # encoders are not decoders either way
 ]
@@ -300,7 +300,7 @@ NOMIC_CODE = {"AutoConfig": "nomic-ai/nomic-bert-2048--configuration_hf_nomic_be
 def test_nomics_config_naming_its_hub_code_is_read_as_transformers_port(tmp_path, change, refusal) -> None:
     """transformers reads it so without trust_remote_code (the port's own model type), and so does this."""
     from pooltriton.core.resolve import as_transformers_config
-    from pooltriton.export.build import check_architecture
+    from pooltriton.export.refusals import check_architecture
 
     read = as_transformers_config({**NOMIC, "auto_map": NOMIC_CODE, **change})
     assert "auto_map" not in read and read["model_type"] == "nomic_bert"
@@ -355,7 +355,7 @@ def test_alibabas_own_gte_config_is_read_as_the_gteconfig_it_describes() -> None
 ])
 def test_alibabas_own_gte_variants_transformers_does_not_compute_are_refused(tmp_path, change, refusal) -> None:
     from pooltriton.core.resolve import as_transformers_config
-    from pooltriton.export.build import check_architecture
+    from pooltriton.export.refusals import check_architecture
 
     with pytest.raises(ResolutionError, match=refusal):
         check_architecture(tmp_path, as_transformers_config({**GTE_BASE_EN, **change}))
@@ -401,7 +401,7 @@ def test_the_rope_offered_for_alibabas_fixed_ntk_has_its_frequencies() -> None:
 
 @pytest.mark.parametrize(("config", "refusal"), ARCHITECTURE_CHECKS)
 def test_config_keys_transformers_would_not_apply_are_refused(tmp_path, config, refusal) -> None:
-    from pooltriton.export.build import check_architecture
+    from pooltriton.export.refusals import check_architecture
 
     if refusal is None:
         check_architecture(tmp_path, config)

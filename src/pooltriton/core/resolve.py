@@ -41,7 +41,7 @@ DECODER_MODEL_TYPES = model_types(lambda family: family.decoder)
 # What an export may serve: the families the test matrix exports, serves and compares with transformers /
 # sentence-transformers (docs/models.md). Anything else is refused at export, by name.
 SUPPORTED_MODEL_TYPES = model_types(lambda family: family.supported)
-# Of those, families the matrix proves for one use only (export.build.check_supported refuses the rest).
+# Of those, families the matrix proves for one use only (export.refusals.check_supported refuses the rest).
 ONE_USE_MODEL_TYPES = {model_type: family.one_use for family in FAMILIES if family.one_use
                        for model_type in family.model_types}
 # Image towers (export.vision); their text side is not exported through the text resolver.
@@ -83,10 +83,10 @@ _TORCH_ACTIVATIONS = {"Sigmoid": Activation.SIGMOID, "Softmax": Activation.SOFTM
 def model_config(root: Path) -> dict[str, Any] | None:
     """config.json as the export reads it (as_transformers_config), a StaticEmbedding's described by
     static_config; None where the folder has neither."""
-    module = static_module(root, _read_json(root / "modules.json"))
+    module = static_module(root, read_json(root / "modules.json"))
     if module is not None:
         return static_config(module)
-    written = _read_json(root / "config.json")
+    written = read_json(root / "config.json")
     return None if written is None else as_transformers_config(written)
 
 
@@ -151,20 +151,20 @@ class ModelFiles:
         hf = model_config(root)
         if hf is None:
             raise ResolutionError(f"{root} has no config.json: not a Hugging Face model folder")
-        modules = _read_json(root / "modules.json")
+        modules = read_json(root / "modules.json")
         pooling = None
         if modules:
             for module in modules:
                 if module.get("type", "").endswith("Pooling"):
-                    pooling = _read_json(root / module.get("path", "") / "config.json")
+                    pooling = read_json(root / module.get("path", "") / "config.json")
         return cls(
             root=root,
             hf=hf,
             modules=modules,
             st_pooling=pooling,
-            st_bert=_read_json(root / "sentence_bert_config.json"),
-            tokenizer_config=_read_json(root / "tokenizer_config.json") or {},
-            st_config=_read_json(root / "config_sentence_transformers.json"),
+            st_bert=read_json(root / "sentence_bert_config.json"),
+            tokenizer_config=read_json(root / "tokenizer_config.json") or {},
+            st_config=read_json(root / "config_sentence_transformers.json"),
         )
 
     @property
@@ -180,11 +180,15 @@ class ModelFiles:
         return bool(self.modules) and any(m.get("type", "").endswith(suffix) for m in self.modules)
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
+    """A JSON file of a model folder, None where there is none; one that is not JSON is refused, naming it."""
     if not path.is_file():
         return None
-    with path.open(encoding="utf-8") as handle:
-        return json.load(handle)
+    try:
+        with path.open(encoding="utf-8") as handle:
+            return json.load(handle)
+    except ValueError:
+        raise ResolutionError(f"{path} is not JSON") from None
 
 
 def task_from_architecture(architecture: str) -> Task:
@@ -352,7 +356,7 @@ def resolve_max_length(files: ModelFiles, explicit: int | None = None) -> tuple[
         return explicit, EXPLICIT
     if files.static:  # the library reads a text whole, unless its tokenizer.json cuts it
         module = static_module(files.root, files.modules)
-        cut = (_read_json(module / "tokenizer.json") or {}).get("truncation") if module is not None else None
+        cut = (read_json(module / "tokenizer.json") or {}).get("truncation") if module is not None else None
         return (int(cut["max_length"]), "tokenizer-json") if cut else (STATIC_MAX_LENGTH, TASK_DEFAULT)
     limits: list[tuple[int, str]] = [(int(scaled), HF_CONFIG)] if scaled else []
     if files.st_bert and files.st_bert.get("max_seq_length"):

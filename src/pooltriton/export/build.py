@@ -71,21 +71,17 @@ from pooltriton.contract.parameters import (
 )
 from pooltriton.core.capabilities import AUTO, Capabilities, PrecisionError, choose_precision, detect
 from pooltriton.core.resolve import (
-    BIDIRECTIONAL_FLAG_MODEL_TYPES,
     FP16_OVERFLOW_MODEL_TYPES,
     MULTIMODAL_MODEL_TYPES,
-    ONE_USE_MODEL_TYPES,
-    SENTENCE_TRANSFORMERS,
     STATIC_EMBEDDING,
-    SUPPORTED_MODEL_TYPES,
     PoolerConfig,
     ResolutionError,
     resolve,
-    unread_config_keys,
 )
 from pooltriton.core.runtimes import CPU, CUDA, FP16, FP32, INT8, RUNTIMES, TOLERANCES, Runtime
 from pooltriton.core.semantics import PoolingType, Task
-from pooltriton.export.publish import publish, staging_folder
+from pooltriton.export.publish import publish, staging_folder, write_json
+from pooltriton.export.refusals import check_architecture, check_model_files, check_supported, multimodal_refusal
 
 # Used when batching="buckets": the tokenizer pads to these lengths so that equal shapes meet in
 # Triton's dynamic batcher (needed by native backends, which cannot take ragged [B, L] inputs).
@@ -283,9 +279,7 @@ def _export_model(model_dir: Path, options: ExportOptions) -> dict:
                                       tokenizer.pad_token_id, encoder_memory(model_dir, config.pooling_type.sparse),
                                       chat=(tokenizer.chat_template, tokenizer.chat_tokens)):
             model.write(staging)
-        (staging / names.tokenizer / "1" / "tokenizer.json").write_text(tokenizer.text, encoding="utf-8")
-        _write_json(staging / names.encoder / "verification.json", asdict(report))
-        _write_json(staging / names.ensemble / "pooler_config.json", config.to_json())
+        _write_text_files(staging, names, tokenizer.text, report, config)
         publish(staging, out, names)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -297,7 +291,7 @@ def _export_image_model(model_dir: Path, options: ExportOptions, hf: dict, layou
     """An image-text dual encoder (CLIP, SigLIP): its image tower as `<name>_image` (export.vision) and its
     text tower as the text pipeline `<name>` (export.text_tower), each verified against transformers."""
     from pooltriton.export.text_tower import tower_config
-    from pooltriton.export.vision import export_image_tower, multimodal_refusal
+    from pooltriton.export.vision import export_image_tower
 
     if layout is None:
         raise ResolutionError(multimodal_refusal(hf))
@@ -363,10 +357,15 @@ def _export_text_tower(model_dir: Path, options: ExportOptions, config: PoolerCo
         text_tower.padded_to_length(models, names.tokenizer, config.max_length)
     for model in models:
         model.write(staging)
-    (staging / names.tokenizer / "1" / "tokenizer.json").write_text(tokenizer.text, encoding="utf-8")
-    _write_json(staging / names.encoder / "verification.json", asdict(report))
-    _write_json(staging / names.ensemble / "pooler_config.json", config.to_json())
+    _write_text_files(staging, names, tokenizer.text, report, config)
     return report
+
+
+def _write_text_files(staging: Path, names: Stages, tokenizer_json: str, report, config: PoolerConfig) -> None:
+    """What a text pipeline carries beside its configs: the tokenizer, the read-back report, the resolution."""
+    (staging / names.tokenizer / "1" / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+    write_json(staging / names.encoder / "verification.json", asdict(report))
+    write_json(staging / names.ensemble / "pooler_config.json", config.to_json())
 
 
 def _tower_width(tower, device: str) -> int:
@@ -457,83 +456,6 @@ def _export_encoder(model_dir: Path, encoder, config: PoolerConfig, tokenizer, o
         if isinstance(error, VerificationError) and error.report is not None:
             print(error.report.table(), file=sys.stderr)
         raise
-
-
-def check_supported(config: PoolerConfig) -> None:
-    """Only the families the test matrix proves are exported (docs/models.md's architecture table)."""
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ResolutionError(
-            f"{config.architecture or 'this model'} (model_type {config.model_type!r}) is not a supported "
-            f"architecture: its attention and heads have not been checked against transformers here. "
-            f"Supported model types: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}")
-    use = ONE_USE_MODEL_TYPES.get(config.model_type)
-    proven = {"classify": config.task is Task.CLASSIFY and config.classifier_token_ids is None,
-              "embed": (config.task is Task.EMBED and config.classifier_token_ids is None
-                        and not config.pooling_type.sparse
-                        and config.sources.get("pooling_type") == SENTENCE_TRANSFORMERS)}
-    if use is not None and not proven[use]:
-        raise ResolutionError(
-            f"{config.architecture or 'this model'} (model_type {config.model_type!r}) is supported as "
-            f"{_ONE_USE_WORDS[use]} only: its other heads have not been checked against transformers here")
-
-
-_ONE_USE_WORDS = {"classify": "a sequence classifier (its own classification head, task classify)",
-                  "embed": "the encoder of a sentence-transformers embedding (its Pooling, task embed)"}
-
-
-def check_architecture(model_dir: Path, config: dict) -> None:
-    """What config.json says that transformers, the reference here, would not do: such a model would be
-    verified against a reference that differs from what its users run, so it is refused, saying why.
-    Families that are not supported at all are left to check_supported's message."""
-    import transformers
-
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES or model_type == STATIC_EMBEDDING:  # no transformers model
-        return
-    # A name that is no transformers class (vLLM's GritLM, a *Bidirectional* model re-saved without its code)
-    # would load as the family's plain model; with auto_map its own code runs (--trust-remote-code).
-    foreign = [name for name in config.get("architectures") or [] if not _transformers_class(transformers, name)]
-    if foreign and not config.get("auto_map"):
-        raise ResolutionError(
-            f"{model_dir}'s config.json names the architecture {foreign[0]}, which is neither a transformers class "
-            f"nor custom code in the folder (auto_map): it would load as transformers' plain {model_type} model, "
-            f"while the code its users run (and vLLM's, where it has one) may attend or pool otherwise. If it is "
-            f"that plain model, name its transformers class in `architectures`; if it attends both ways, also set "
-            f'"is_causal": false; its pooling comes from its sentence-transformers files or --pooling-type')
-    unread = [] if config.get("auto_map") else unread_config_keys(config)
-    if unread:  # with auto_map, the model's own code reads them (--trust-remote-code)
-        raise ResolutionError(
-            f"{model_dir}'s config.json sets {'; '.join(unread)}: transformers' {model_type} does not read these "
-            "keys and would compute as each parenthesis says, unlike the code the model was trained with, and no "
-            "verification against transformers could tell. Where a parenthesis names a key, set that key to match "
-            "(gelu for geglu); otherwise transformers does not implement this variant")
-    bidirectional = config.get("use_bidirectional_attention") and config.get("is_causal", True)
-    if bidirectional and model_type not in BIDIRECTIONAL_FLAG_MODEL_TYPES:
-        raise ResolutionError(
-            f"{model_dir}'s config.json sets use_bidirectional_attention, which transformers' {model_type} does "
-            f"not apply (it attends causally, at least in a padded batch) while TEI and vLLM's bidirectional "
-            f"models attend both ways: no reference here agrees with either. If the model is bidirectional, set "
-            f'"is_causal": false in config.json too (transformers\' switch for every decoder) and export again')
-
-
-def _transformers_class(transformers: object, name: str) -> bool:
-    try:
-        return hasattr(transformers, name)
-    except Exception:  # a lazy import that fails: not a class this transformers can load
-        return False
-
-
-def check_model_files(model_dir: Path, config: dict, allow_pickle: bool, trust_remote_code: bool) -> None:
-    """Safe by default: weights from safetensors only, and no model that brings its own code."""
-    if config.get("auto_map") and not trust_remote_code:
-        raise ResolutionError(f"{model_dir} names custom code in config.json (auto_map), which would run at "
-                              "export; pass --trust-remote-code if you trust it")
-    if any(model_dir.glob("*.safetensors")) or allow_pickle:
-        return
-    pickled = sorted(p.name for p in model_dir.glob("*.bin")) + sorted(p.name for p in model_dir.glob("*.pt"))
-    if pickled:
-        raise ResolutionError(f"{model_dir} has only pickled weights ({', '.join(pickled)}), which can run code "
-                              "when loaded; convert them to safetensors, or pass --allow-pickle if you trust them")
 
 
 def score_mode(config: PoolerConfig) -> str | None:
@@ -697,8 +619,3 @@ def _ensemble_config(names: Stages, options: ExportOptions, config: PoolerConfig
         name=names.ensemble, platform="ensemble", max_batch_size=MAX_BATCH_SIZE, inputs=tensors.text_inputs,
         outputs=[*tensors.public_outputs, tensors.prompt_tokens], parameters=parameters.to_parameters(),
         ensemble_steps=steps)
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")

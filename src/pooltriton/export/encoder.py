@@ -31,6 +31,7 @@ from pooltriton.contract import ACTIVATE, ENCODER_OUTPUT
 from pooltriton.core.resolve import STATIC_EMBEDDING, PoolerConfig, ResolutionError, static_module
 from pooltriton.core.semantics import Activation, PoolingType, Task
 from pooltriton.export.pooling import get_pooler
+from pooltriton.export.refusals import check_weights
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -114,7 +115,7 @@ class PoolingEncoder(nn.Module):
 def load_encoder(model_dir: str | Path, config: PoolerConfig, allow_pickle: bool = False,
                  trust_remote_code: bool = False) -> PoolingEncoder:
     """The model as a pooling module. Weights load from safetensors unless `allow_pickle`, and custom
-    model code runs only with `trust_remote_code` (export.build.check_model_files says why first).
+    model code runs only with `trust_remote_code` (export.refusals.check_model_files says why first).
     Files that transformers cannot load (a truncated weight file, a config it does not know) are a
     ResolutionError naming the folder and transformers' own first line."""
     try:
@@ -214,58 +215,12 @@ def _static_encoder(model_dir: Path, config: PoolerConfig) -> PoolingEncoder:
 
 
 def _complete(auto: Any, model_dir: str | Path, load: dict[str, Any]) -> nn.Module:
-    """`auto`'s model of the folder, refused where the checkpoint lacks weights it computes with: transformers
-    initialises those at random (a classifier asked of an embedding checkpoint, SPLADE of one without its
-    masked-LM head), and the answers would be noise that no verification names. A bare encoder's pooler
-    (BERT's pooler_output) is the one part that may be missing: the pooling here never reads it."""
+    """`auto`'s model of the folder, refused where its weights and its layers disagree (check_weights)."""
     loaded = auto.from_pretrained(model_dir, output_loading_info=True, **load)
     # Custom model code (trust_remote_code) may override from_pretrained and return the model alone.
     network, info = loaded if isinstance(loaded, tuple) else (loaded, {})
-    bare = auto in (AutoModel, AutoModelForTextEncoding)
-    missing = sorted(key for key in info.get("missing_keys", ())
-                     if not (bare and "pooler" in key.split(".")))
-    if missing:
-        shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
-        raise ResolutionError(
-            f"{model_dir}: the checkpoint has no weights for {len(missing)} of {type(network).__name__}'s "
-            f"parameters ({shown}); transformers would initialise them at random and every answer would be "
-            "noise. " + ("The weights do not match the architecture config.json names" if bare else
-                         "The folder does not carry the head this task needs: export it for the task it was "
-                         "trained for (--task, --pooling-type)"))
-    stray = _stray_weights(network, info.get("unexpected_keys", ()))
-    if stray:
-        shown = ", ".join(stray[:3]) + (", ..." if len(stray) > 3 else "")
-        raise ResolutionError(
-            f"{model_dir}: the checkpoint has {len(stray)} weights inside {type(network).__name__}'s layers that it "
-            f"does not compute with ({shown}); transformers would drop them, but the code that trained them (an "
-            "option of config.json this transformers no longer reads, or custom code) computes with them, and "
-            "every answer would differ from the model's own")
+    check_weights(model_dir, network, info, bare=auto in (AutoModel, AutoModelForTextEncoding))
     return network
-
-
-def _stray_weights(network: nn.Module, unexpected: Any) -> list[str]:
-    """Checkpoint weights the network has no place for, where it runs: a module that lacks that weight (a
-    bias the config turns off), or a part of one of its layers (BERT's relative-position
-    distance_embedding). Heads the task does not use (classifier, pooler, lm_head, BERT's next-sentence
-    head beside its masked-LM one) and layers past the config's num_hidden_layers (a model cut short on
-    purpose) are left, as are buffers an older transformers saved."""
-    modules = dict(network.named_modules())
-    base = getattr(network, "base_model", network)
-    prefix = getattr(network, "base_model_prefix", "")
-    layers = {f"{name}.{index}" for name, module in modules.items() if isinstance(module, nn.ModuleList)
-              for index in range(len(module))}
-    stray = []
-    for key in unexpected:
-        parts = key.split(".")
-        if parts[0] == prefix and prefix not in modules:
-            parts = parts[1:]
-        if parts[-1] not in ("weight", "bias"):  # a buffer (token_type_ids, masked_bias)
-            continue
-        parent = modules.get(".".join(parts[:-1]))
-        in_layer = any(".".join(parts[:end]) in layers for end in range(1, len(parts)))
-        if (parent is not None and parent not in (network, base)) or in_layer:
-            stray.append(key)
-    return sorted(stray)
 
 
 class LMHeadRows(nn.Module):

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import glob
 import hashlib
+import json
 import os
 import shutil
 import socket
@@ -21,6 +22,12 @@ from pathlib import Path
 
 STAGING_PREFIX = ".pooltriton-export-"
 INCOMING_PREFIX = f"{STAGING_PREFIX}incoming~"
+
+
+def write_json(path: Path, data: dict) -> None:
+    """A file an export writes beside a stage (verification.json, pooler_config.json), stable for diffs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def staging_folder(out: Path, name: str) -> Path:

@@ -20,7 +20,7 @@ from torch import nn
 
 from pooltriton.contract import ACTIVATE, ATTENTION_MASK, INPUT_IDS
 from pooltriton.contract.config import ModelConfig
-from pooltriton.core.resolve import PoolerConfig, ResolutionError
+from pooltriton.core.resolve import PoolerConfig, read_json
 from pooltriton.core.semantics import Activation, PoolingType, Task
 
 # model type -> (its pooling, whether its encoder takes the mask)
@@ -63,7 +63,7 @@ def tower_config(model_dir: Path, hf: dict, normalize: bool = True) -> PoolerCon
     pooling, _mask = TOWERS[hf["model_type"]]
     text = hf.get("text_config") or {}
     length = int(text.get("max_position_embeddings") or (64 if hf["model_type"] == "siglip" else 77))
-    tokenizer = _read(model_dir / "tokenizer_config.json")
+    tokenizer = read_json(model_dir / "tokenizer_config.json") or {}
     limit = tokenizer.get("model_max_length")
     if isinstance(limit, int) and 0 < limit < length:
         length = limit
@@ -122,12 +122,3 @@ def padded_to_length(models: list[ModelConfig], tokenizer: str, length: int) -> 
     for model in models:
         if model.name == tokenizer:
             model.parameters["pad_to_buckets"] = json.dumps([length])
-
-
-def _read(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except ValueError:
-        raise ResolutionError(f"{path} is not JSON") from None

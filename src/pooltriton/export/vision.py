@@ -40,6 +40,8 @@ from pooltriton.core.images import ImageError, ImageProcessor, read_processor
 from pooltriton.core.resolve import VISION_MODEL_TYPES, ResolutionError
 from pooltriton.core.runtimes import CPU, CUDA, FP16, FP32, RUNTIMES, TOLERANCES
 from pooltriton.core.semantics import Task
+from pooltriton.export.publish import write_json
+from pooltriton.export.refusals import multimodal_refusal
 
 RUNTIMES_TAKEN = ("onnx", "torchscript")
 BATCHES = (1, 3, 8)  # images per verification batch: single, odd and full rows
@@ -133,13 +135,6 @@ def read_layout(model_dir: Path) -> Layout | None:
 def _model_type(folder: Path) -> str | None:
     config = folder / "config.json"
     return json.loads(config.read_text()).get("model_type") if config.is_file() else None
-
-
-def multimodal_refusal(hf: dict) -> str:
-    architecture = (hf.get("architectures") or [hf.get("model_type") or "this model"])[0]
-    return (f"{architecture} (model_type {hf.get('model_type')!r}) takes images, and its image path is not "
-            f"supported here; image models served: {', '.join(sorted(VISION_MODEL_TYPES))} (CLIPModel, "
-            f"SiglipModel). It is not exported as its text side alone")
 
 
 def sample_images() -> list[Image.Image]:
@@ -365,11 +360,6 @@ def export_image_tower(layout: Layout, options, hf: dict, progress, staging: Pat
                               f"{report.max_abs_error:.2e}, processor {report.processor})")
     for model in image_configs(options, processor, size, width, text_model, layout.normalize):
         model.write(staging)
-    _write_json(staging / names.processor / "1" / PROCESSOR_FILE, processor.to_dict())
-    _write_json(staging / names.encoder / "verification.json", asdict(report))
+    write_json(staging / names.processor / "1" / PROCESSOR_FILE, processor.to_dict())
+    write_json(staging / names.encoder / "verification.json", asdict(report))
     return report
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")

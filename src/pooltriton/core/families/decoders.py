@@ -1,6 +1,6 @@
 """The decoder LLM families: a causal mask and LAST pooling by default. Gemma 3's transformers code builds
 its masks from `use_bidirectional_attention` (EmbeddingGemma); Gemma 1 and 2 read it only as SDPA's flag,
-and Qwen, Llama and Mistral ignore it (export.build.check_architecture refuses it on those)."""
+and Qwen, Llama and Mistral ignore it (export.refusals.check_architecture refuses it on those)."""
 
 from pooltriton.core.families.family import Family
 

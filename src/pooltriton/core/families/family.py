@@ -29,7 +29,7 @@ class Family:
     text_encoder: bool = False  # an encoder-decoder whose embeddings come from the encoder alone
     fp16_overflow: bool = False  # activations overflow fp16 (GPU auto precision runs fp32)
     bidirectional_flag: bool = False  # transformers builds its masks from `use_bidirectional_attention`
-    one_use: str | None = None  # the one task the matrix proves it for (export.build.check_supported)
+    one_use: str | None = None  # the one task the matrix proves it for (export.refusals.check_supported)
     # Hub code that transformers ports as this family, and the model types a config naming it may say.
     ported_code: str | None = None
     ported_types: tuple[str, ...] = ()

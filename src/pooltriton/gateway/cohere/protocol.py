@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
+from pooltriton.gateway.media import part_url
 from pooltriton.gateway.protocol import Priority
 
 CohereType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]  # Cohere's embedding types
@@ -39,6 +40,7 @@ class CohereEmbedRequest(BaseModel):
     max_tokens: int | None = Field(None, gt=0)  # NONE: longer texts refused; START/END: cut to it
     priority: Priority = 0
     _image_urls: list[tuple[str, str]] | None = PrivateAttr(None)  # (url, where) of each image sent
+    _image_parts: list[tuple[dict, str]] | None = PrivateAttr(None)  # (content part, where) of v2's images
 
     @model_validator(mode="after")
     def _texts(self) -> CohereEmbedRequest:
@@ -57,14 +59,17 @@ class CohereEmbedRequest(BaseModel):
         if len(kinds) > 1:
             raise ValueError("inputs: all text or all images in one request")
         if self.inputs is not None and kinds == {"image_url"}:
-            self._image_urls = [(_url(item.content[0].image_url), f"inputs[{index}].content[0]")
-                                for index, item in enumerate(self.inputs)]
+            self._image_parts = [(item.content[0].model_dump(), f"inputs[{index}].content[0]")
+                                 for index, item in enumerate(self.inputs)]
         elif self.inputs is not None:  # read as the texts they are
             self.texts = [item.content[0].text or "" for item in self.inputs]
         return self
 
     @property
     def image_urls(self) -> list[tuple[str, str]] | None:
+        """(url, where) of each image sent; a v2 part without a URL is refused here (a 400 naming it)."""
+        if self._image_parts is not None:
+            return [(part_url(part, where), where) for part, where in self._image_parts]
         return self._image_urls
 
     def parameters(self) -> dict[str, Any]:
@@ -72,10 +77,6 @@ class CohereEmbedRequest(BaseModel):
         if self.max_tokens is not None:
             parameters["max_tokens"] = self.max_tokens
         return parameters
-
-
-def _url(value: dict[str, Any] | str | None) -> str:
-    return value.get("url", "") if isinstance(value, dict) else value or ""
 
 
 class CohereEmbedV1Request(CohereEmbedRequest):
