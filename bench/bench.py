@@ -293,7 +293,7 @@ async def gateway_latency(base_url: str, texts: list[str], models: tuple[str, ..
 
 async def overload(base_url: str, texts: list[str], model: str, clients: int, per_client: int,
                    deadline_s: float, batch: int = 32, warm_up: int = 16) -> dict:
-    """Issue 19's overload through a gateway with admission by work: `clients` HTTP clients each post
+    """An overload through a gateway with admission by work: `clients` HTTP clients each post
     `per_client` requests of `batch` long texts at once. Every request must be answered or refused;
     refusals should come at once (429), answers within the deadline. First `warm_up` requests four at a
     time: the rate admission estimates with (measured only with two requests or more in flight; nothing
@@ -354,10 +354,12 @@ def _overload_figures(outcomes: list[tuple[str, float]]) -> dict:
 
 
 async def overload_grpc(grpc_url: str, texts: list[str], model: str, clients: int, per_client: int,
-                        batch: int = 32, warm_up: int = 12) -> dict:
+                        batch: int = 32, warm_up: int = 12, queries: list[str] | None = None) -> dict:
     """The same overload from raw tritonclient gRPC callers (no gateway, no pooltriton client): what the
     tokenizer stage's admission by work does for them (backends.workboard). Refused: UNAVAILABLE that
-    says when to retry (admission); expired: Triton's queue timeout (admitted work lost); other: the rest."""
+    says when to retry (admission); expired: Triton's queue timeout (admitted work lost); other: the rest.
+    With `queries`, single short texts are sent one after another through the pooltriton client while
+    the flood lasts (mixed traffic: `short_queries`)."""
     import tritonclient.grpc.aio as grpcclient
     from tritonclient.utils import InferenceServerException
 
@@ -385,12 +387,41 @@ async def overload_grpc(grpc_url: str, texts: list[str], model: str, clients: in
                 started = time.perf_counter()
                 outcomes.append((await one(body), time.perf_counter() - started))
 
+        flooding = asyncio.Event()
+        side = asyncio.create_task(_short_queries(grpc_url, model, queries or [], flooding))
         started = time.perf_counter()
-        await asyncio.gather(*(caller(i) for i in range(clients)))
+        try:
+            await asyncio.gather(*(caller(i) for i in range(clients)))
+        finally:
+            flooding.set()
         seconds = time.perf_counter() - started
+        shorts = await side
     finally:
         await client.close()
-    return {**_overload_figures(outcomes), "model": model, "clients": clients, "batch": batch, "seconds": seconds}
+    return {**_overload_figures(outcomes), "model": model, "clients": clients, "batch": batch, "seconds": seconds,
+            **({"short_queries": _overload_figures(shorts)} if shorts else {})}
+
+
+async def _short_queries(grpc_url: str, model: str, queries: list[str], over: asyncio.Event) -> list[tuple[str, float]]:
+    """One short text at a time through the pooltriton client (short requests at PRIORITY_SHORT) until
+    `over` is set: (answered / refused / expired / other, seconds) each."""
+    from pooltriton.client import AsyncPoolingClient
+
+    outcomes: list[tuple[str, float]] = []
+    if not queries:
+        return outcomes
+    async with AsyncPoolingClient(grpc_url, retries=0) as pooling:
+        await pooling.info(model)
+        for index in range(10**6):
+            if over.is_set():
+                break
+            started = time.perf_counter()
+            try:
+                await pooling.embed([queries[index % len(queries)]], model=model)
+                outcomes.append(("answered", time.perf_counter() - started))
+            except Exception as error:
+                outcomes.append((_refusal_kind(str(error)), time.perf_counter() - started))
+    return outcomes
 
 
 async def overload_kserve_http(http_url: str, texts: list[str], model: str, clients: int, per_client: int,
@@ -513,7 +544,7 @@ def run(repository: Path, out: Path, count: int, concurrencies: list[int], grpc_
         results["baseline_sorted_runs"] = [before["tokens_per_s"], after["tokens_per_s"]]
         results["baseline_sorted"] = {**before, **{k: (before[k] + after[k]) / 2 for k in
                                                    ("texts_per_s", "tokens_per_s", "seconds")}}
-        # One idle text per path: short texts (issue 19's bounds, where fixed costs show), then long ones.
+        # One idle text per path: short texts (where fixed costs show), then long ones.
         for key, sample in (("", shorts[:latency_texts]), ("long_", texts[:latency_texts])):
             latency = asyncio.run(single_text_latency(grpc_url, sample, baseline, models))
             results[f"{key}baseline_latency"] = latency.pop("B")
@@ -523,7 +554,7 @@ def run(repository: Path, out: Path, count: int, concurrencies: list[int], grpc_
         # Overload last (it leaves queues full for a while): from raw gRPC callers (the deadline is Triton's
         # queue timeout), then through a gateway of its own with the deadline.
         results["overload_grpc"] = asyncio.run(overload_grpc(grpc_url, long_texts, models[0], overload_clients,
-                                                             overload_per_client))
+                                                             overload_per_client, queries=shorts[:200]))
         gateway.terminate()
         gateway.wait(30)
         gateway_port = port()
@@ -579,7 +610,7 @@ def table(results: dict) -> str:
 
 
 def gateway_ratios(results: dict) -> list[str]:
-    """The HTTP path against the gRPC one, measured in this run (issue 19: >= 0.9 x, p50 within +1 ms)."""
+    """The HTTP path against the gRPC one, measured in this run (targets: >= 0.9 x, p50 within +1 ms)."""
     lines = []
     grpc = {item["model"]: item for item in results["served_short"]}
     grpc_latency = {item["model"]: item for item in results["served_latency"]}
@@ -618,6 +649,13 @@ def overload_lines(results: dict) -> list[str]:
                      f"{item['batch']} long texts, {deadline}{path}): {item['answered']} answered ({answer}), "
                      f"{item['refused']} refused at once (p99 {refusal}), {item.get('expired', 0)} expired, "
                      f"{item['other']} other errors")
+        if item.get("short_queries"):
+            short = item["short_queries"]
+            lines.append(f"  short queries during the flood (one at a time, pooltriton client): {short['answered']} "
+                         f"answered (p99 {short['answer_p99_s']:.2f} s, max {short['answer_max_s']:.2f} s), "
+                         f"{short['refused']} refused, {short['expired']} expired"
+                         if short["answer_p99_s"] is not None else
+                         f"  short queries during the flood: none answered, {short['refused']} refused")
         if "answered_tokens_per_s" in item and capacity:
             lines.append(f"  goodput: {item['answered_tokens_per_s']:.0f} answered tokens/s over the flood's "
                          f"{item['seconds']:.1f} s = {item['answered_tokens_per_s'] / capacity:.2f} x the best served "

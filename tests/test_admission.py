@@ -29,6 +29,8 @@ from pooltriton.backends.workboard import (
 from pooltriton.contract.admission import (
     DEADLINE_SHARE,
     MIN_ANSWERS,
+    SHORT_RESERVE,
+    SHORT_TOKENS,
     Admission,
     Admitted,
     Refusal,
@@ -76,7 +78,8 @@ def test_admission_refuses_when_the_estimated_wait_exceeds_the_deadline() -> Non
     admitted(admission.admit(90, now=1.0))  # 1.99 s: it fits
     refusal = admission.admit(1010, now=1.0)  # 1,990 ahead + its own 1,010 tokens: 3.0 s
     assert isinstance(refusal, Refusal) and refusal.wait_s == pytest.approx(3.0, rel=0.01)
-    assert refusal.retry_after_s == 1  # 1.0 s over the deadline, rounded up
+    # A long request leaves SHORT_RESERVE of the budget to short ones: 1.5 s over its 1.5 s, rounded up.
+    assert refusal.retry_after_s == 2
     # The refused request holds nothing; the queue drains as answers come back and it fits again.
     assert admission.queued_tokens == pytest.approx(1990)
     for ticket in held:
@@ -209,6 +212,26 @@ def test_the_tokenizer_stage_refuses_work_its_encoder_cannot_clear_within_the_qu
         row.close()
 
 
+def test_a_flood_of_long_requests_leaves_room_for_short_ones(tmp_path) -> None:
+    """Admission by each request's own cost: long requests stop at (1 - SHORT_RESERVE) of the budget, so a
+    short query arriving while they hold the queue is still admitted, on the board and at the gateway; a
+    flood of short ones alone may fill the whole budget. Fails if every request had the same limit."""
+    encoder, tokenizer, now = busy_board(tmp_path)  # 1,000 tokens/s, a 2.0 s budget
+    long = SHORT_TOKENS + 88  # 600 tokens: 0.6 s each
+    floods = [tokenizer.admit(long, now=now) for _ in range(5)]
+    assert floods[:2] == [None, None] and all(isinstance(r, Refusal) for r in floods[2:])  # 1.2 s, not 1.8
+    assert tokenizer.queued(now) == pytest.approx(2 * long)
+    shorts = [tokenizer.admit(100, now=now) for _ in range(9)]  # up to the full 2.0 s: 8 of them fit
+    assert shorts[:8] == [None] * 8 and isinstance(shorts[8], Refusal)
+    encoder.close()
+    tokenizer.close()
+    gateway = measured(deadline_s=2.0)  # 1,000 tokens/s, the whole 2.0 s admitted
+    held = [gateway.admit(long, now=1.0) for _ in range(4)]
+    assert [isinstance(r, Admitted) for r in held] == [True, True, False, False]
+    assert (1 - SHORT_RESERVE) * 2.0 < 3 * long / 1000
+    assert all(isinstance(gateway.admit(100, now=1.0), Admitted) for _ in range(8))
+
+
 def test_work_dropped_between_the_stages_is_forgotten_when_the_encoder_idles(tmp_path) -> None:
     """A request Triton drops before the encoder (full queue, cancellation, queue timeout) is never finished:
     while the encoder works it counts as queued, once the encoder has idled past a batcher stall it is
@@ -218,14 +241,14 @@ def test_work_dropped_between_the_stages_is_forgotten_when_the_encoder_idles(tmp
     tokenizer = TokenizerRow(path, deadline_s=2.5)  # admits 2.0 s of work
     now = time.monotonic()
     encoder.started(now)
-    assert tokenizer.admit(1000, now=now) is None and tokenizer.admit(900, now=now) is None
-    encoder.finished(1000, 1.0, now=now + 1)  # the 900 tokens never arrive
-    assert tokenizer.queued(now + 1) == pytest.approx(900)  # the encoder just finished: they may be in transit
-    assert tokenizer.queued(now + 1.1) == pytest.approx(900)  # or in a queue Triton's batcher has not served
+    assert tokenizer.admit(1000, now=now) is None and tokenizer.admit(500, now=now) is None
+    encoder.finished(1000, 1.0, now=now + 1)  # the 500 tokens never arrive
+    assert tokenizer.queued(now + 1) == pytest.approx(500)  # the encoder just finished: they may be in transit
+    assert tokenizer.queued(now + 1.1) == pytest.approx(500)  # or in a queue Triton's batcher has not served
     assert tokenizer.admit(2000, now=now + 1.1) is None  # yet an idle encoder takes one request, however long
     assert tokenizer.admit(100, now=now + 1.1) is not None  # and only one: it is on its way
     encoder.started(now + 1.11)
-    assert tokenizer.queued(now + 2) == pytest.approx(2900)  # busy: the dropped work still counts
+    assert tokenizer.queued(now + 2) == pytest.approx(2500)  # busy: the dropped work still counts
     encoder.finished(2000, 2.0, now=now + 3.11)
     assert tokenizer.queued(now + 3.11 + STALL_S + 0.01) == 0  # idle past a stall: nothing is queued
     encoder.started(now + 4)
@@ -334,7 +357,7 @@ def test_an_encoder_that_timed_a_batch_at_load_lets_a_fresh_server_refuse_a_floo
     encoder.primed(8000, 1.0 - STALL_S)  # 8,000 tokens/s of work, a stall counted: 8,000 tokens/s
     assert tokenizer.tokens_per_s() == pytest.approx(8000)
     answers = tokenizer.admit_all([8000] * 20, now=now)  # 160,000 tokens: 20 s at that rate
-    fits = int(10.0 * DEADLINE_SHARE * 8000 / 8000)
+    fits = int(10.0 * DEADLINE_SHARE * (1 - SHORT_RESERVE))  # long requests leave the short ones' reserve
     assert answers[:fits] == [None] * fits and all(answer is not None for answer in answers[fits:])
     unprimed = TokenizerRow(tmp_path / "cold", deadline_s=10.0)
     cold = EncoderRow(tmp_path / "cold")

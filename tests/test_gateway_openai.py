@@ -31,9 +31,12 @@ def test_embeddings_are_chunked_reassembled_in_order_with_served_usage(http, fak
     assert all(r.batched and r.model == "emb" for r in fake.requests)
 
 
-@pytest.mark.parametrize(("priority", "level"), [(-5, 1), (0, 0), (7, 3)])
-def test_priority_and_truncation_reach_triton(http, fake, priority: int, level: int) -> None:
-    http.post("/v1/embeddings", json={"model": "emb", "input": "x", "priority": priority, "truncate_prompt_tokens": 5})
+# Triton's levels: 1 asked high, 2 a short request at the default (ahead of long batches), 0 the model's
+# default level (3) for a long one, 4 asked low.
+@pytest.mark.parametrize(("priority", "text", "level"), [(-5, "x", 1), (0, "x", 2), (0, "x " * 1500, 0),
+                                                         (7, "x", 4), (7, "x " * 1500, 4)])
+def test_priority_and_truncation_reach_triton(http, fake, priority: int, text: str, level: int) -> None:
+    http.post("/v1/embeddings", json={"model": "emb", "input": text, "priority": priority, "truncate_prompt_tokens": 5})
     request = fake.requests[-1]
     assert request.priority == level and request.parameters == {"truncate": "END", "max_tokens": 5}
 

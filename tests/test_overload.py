@@ -7,6 +7,7 @@ Bounded: a fixed number of requests from a fixed number of concurrent clients, l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
 
@@ -280,3 +281,91 @@ def test_the_scorers_own_queue_is_bounded_and_refuses_at_once(short_timeout) -> 
     full = [seconds for outcome, seconds in outcomes if "Exceeds maximum queue size" in outcome]
     assert any(outcome == "ok" for outcome, _ in outcomes) and full, outcomes
     print(f"\nscorer: {len(full)} of {len(outcomes)} refused by its queue (slowest refusal {max(full):.2f} s)")
+
+
+def test_short_queries_during_a_flood_of_long_batches_are_admitted_and_run_ahead(server, minilm_st) -> None:
+    """Mixed traffic on the default server (30 s queue timeout, so admission lets ~18 s of long work queue):
+    while 2 x ADMISSION_CLIENTS raw callers keep the queue full of 32-text batches (a refused caller tries again
+    after the next answer), single short queries are sent at once, three by raw callers at Triton's default
+    priority and three by the pooltriton client. All are admitted (long requests leave SHORT_RESERVE of
+    the budget to short ones) and answered exactly; the client's run at PRIORITY_SHORT, ahead of batches
+    sent before them (counted from the order of the answers, not from their times)."""
+    import tritonclient.grpc.aio as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from pooltriton.contract import TEXT
+    from pooltriton.contract.requests import text_array
+
+    texts, queries = _texts(), [f"query {i}: how fast is the server under load" for i in range(6)]
+    reference = minilm_st.encode(queries, normalize_embeddings=True)
+    longs: list[tuple[float, float]] = []  # (sent, answered) of each answered batch
+    shorts: dict[str, list[tuple[float, float]]] = {"default": [], "client": []}
+
+    async def run() -> None:
+        raw = grpcclient.InferenceServerClient(server.grpc_url)
+        answered, refused, over = asyncio.Condition(), asyncio.Event(), asyncio.Event()
+
+        def inputs(batch: list[str]) -> list:
+            tensor = grpcclient.InferInput(TEXT, [len(batch), 1], "BYTES")
+            tensor.set_data_from_numpy(text_array(batch, batched=True))
+            return [tensor]
+
+        async def flood() -> None:
+            for _ in range(40):  # bounded: at most 40 tries per caller
+                if over.is_set():
+                    return
+                sent = time.monotonic()
+                try:
+                    await raw.infer("minilm", inputs(texts))
+                    longs.append((sent, time.monotonic()))
+                    async with answered:
+                        answered.notify_all()
+                except InferenceServerException as error:
+                    assert "retry after" in str(error), error  # refused by admission, never expired
+                    refused.set()
+                    async with answered:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(answered.wait(), 40)
+
+        async def default(i: int) -> None:
+            sent = time.monotonic()
+            result = await raw.infer("minilm", inputs([queries[i]]))  # raises if refused
+            shorts["default"].append((sent, time.monotonic()))
+            assert np.abs(result.as_numpy("EMBEDDING")[0] - reference[i]).max() <= 1e-5
+
+        async def client(pooling: AsyncPoolingClient, i: int) -> None:
+            sent = time.monotonic()
+            vector = await pooling.embed([queries[i]], model="minilm")
+            shorts["client"].append((sent, time.monotonic()))
+            assert np.abs(np.asarray(vector)[0] - reference[i]).max() <= 1e-5
+
+        async def queries_() -> None:
+            async with AsyncPoolingClient(server.grpc_url, retries=0) as pooling:
+                await pooling.info("minilm")
+                # The queue holds all the long work admission lets in once one is refused.
+                await asyncio.wait_for(refused.wait(), 120)
+                try:
+                    await asyncio.gather(*(default(i) for i in range(3)), *(client(pooling, i) for i in range(3, 6)))
+                finally:
+                    over.set()
+
+        try:
+            await asyncio.gather(queries_(), *(flood() for _ in range(2 * ADMISSION_CLIENTS)))
+        finally:
+            await raw.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(run(), 300))  # bounded: a flood of at most 40 tries per caller
+    finally:
+        print(f"\n{len(longs)} long batches answered, short queries answered: {shorts}")
+
+    def overtaken(sent: float, done: float) -> int:  # batches sent before this query, answered after it
+        return sum(1 for long_sent, long_done in longs if long_sent < sent and long_done > done)
+
+    counts = {kind: [overtaken(*query) for query in timed] for kind, timed in shorts.items()}
+    waits = {kind: [f"{done - sent:.1f}" for sent, done in timed] for kind, timed in shorts.items()}
+    print(f"\n{len(longs)} long batches answered; short queries (seconds): {waits}; batches overtaken: {counts}")
+    assert len(shorts["default"]) == 3 and len(shorts["client"]) == 3
+    # A batch of the encoder takes up to MAX_BATCH_SIZE texts: four of these requests. A query at the default
+    # level returns with the batches queued before it; one at PRIORITY_SHORT leaves them behind.
+    assert min(counts["client"]) >= 8, counts

@@ -424,7 +424,7 @@ class PoolingService:
         try:
             requests = protocol.encode_requests(
                 info.name, info.outputs, protocol.as_texts(texts), None if pairs is None else list(pairs), options,
-                triton_priority(priority), self.max_batch)
+                priority, self.max_batch)
         except ValueError as error:
             raise RequestError(str(error), "input") from None
         infer = self.coalescer.infer if self.coalescer is not None else self.transport.infer

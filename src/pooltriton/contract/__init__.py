@@ -22,8 +22,12 @@ TOKEN_COUNTS = "TOKEN_COUNTS"
 PROMPT_TOKENS = "PROMPT_TOKENS"
 # Every batched model's max_batch_size: clients split bigger inputs into requests of at most this.
 MAX_BATCH_SIZE = 128
-# Request priority 1 (high), 2 (default), 3 (low) on the batched stages; ensembles pass it through.
-PRIORITY_LEVELS = 3
+# Request priority on the batched stages, lower first; ensembles pass it through. 1: asked high (and the
+# supervisor's canaries), 2: a short request at the default priority (it runs ahead of long batches queued
+# at the default, as a query during a flood should), 3: the default (any caller that names none), 4: low.
+PRIORITY_LEVELS = 4
+PRIORITY_SHORT = 2
+DEFAULT_PRIORITY_LEVEL = 3
 # Bounded queues on every batched stage (export --queue-size / --queue-timeout-ms). 128 waiting requests
 # absorb a burst of as many clients (the benchmark's 64 single-text clients; requests of up to 128 texts
 # each); past that a request is rejected at once. One waiting longer than the timeout is rejected then:
@@ -132,7 +136,10 @@ def image_stages(name: str) -> ImageStages:
     return ImageStages(f"{name}_image", f"{name}_image_processor", f"{name}_image_encoder")
 
 
-def triton_priority(priority: int) -> int:
+def triton_priority(priority: int, short: bool = False) -> int:
     """vLLM's priority (lower runs earlier, 0 default) -> Triton's levels (1 highest of PRIORITY_LEVELS,
-    0 = the default level)."""
-    return 0 if priority == 0 else (1 if priority < 0 else PRIORITY_LEVELS)
+    0 = the default level); a `short` request (contract.admission.SHORT_TOKENS) at the default runs at
+    PRIORITY_SHORT."""
+    if priority == 0:
+        return PRIORITY_SHORT if short else 0
+    return 1 if priority < 0 else PRIORITY_LEVELS

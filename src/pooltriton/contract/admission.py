@@ -22,6 +22,11 @@ MIN_ANSWERS = 8.0
 # docs/performance.md); a request still queued in Triton at the deadline is refused late, by its queue
 # timeout.
 DEADLINE_SHARE = 0.8
+# A request of at most SHORT_TOKENS tokens (a query or a few) may fill the whole budget; a longer one must
+# leave SHORT_RESERVE of it free. A flood of long batches then never holds the queue to the brim, and the
+# single queries that arrive during it are admitted (and, sent at PRIORITY_SHORT, run ahead of the flood).
+SHORT_TOKENS = 512
+SHORT_RESERVE = 0.25
 
 
 @dataclass
@@ -71,9 +76,11 @@ def retry_after_in(message: str) -> int | None:
 
 def refuse(queued: float, tokens: float, rate: float, budget_s: float) -> Refusal | None:
     """The rule both fronts apply (the gateway's Admission, the tokenizer stage's board): refused when
-    the queued work and this request's own would not clear within the budget at `rate` tokens/s."""
+    the queued work and this request's own would not clear within its budget at `rate` tokens/s: the
+    whole budget for a short request, all but SHORT_RESERVE of it for a longer one."""
+    limit = budget_s if tokens <= SHORT_TOKENS else budget_s * (1 - SHORT_RESERVE)
     wait = (queued + tokens) / rate
-    return Refusal(wait, max(1, math.ceil(wait - budget_s))) if wait > budget_s else None
+    return Refusal(wait, max(1, math.ceil(wait - limit))) if wait > limit else None
 
 
 class Admission:

@@ -38,6 +38,7 @@ class DynamicBatching:
     max_queue_delay_microseconds: int = 2000
     preferred_batch_size: tuple[int, ...] = ()
     priority_levels: int = 0
+    default_priority_level: int = 0  # 0: the middle level
     queue: QueuePolicy | None = None
 
 
@@ -132,7 +133,7 @@ def _dynamic_batching(message: Any, batching: DynamicBatching) -> None:
     message.preferred_batch_size.extend(batching.preferred_batch_size)
     if batching.priority_levels:
         message.priority_levels = batching.priority_levels
-        message.default_priority_level = (batching.priority_levels + 1) // 2
+        message.default_priority_level = batching.default_priority_level or (batching.priority_levels + 1) // 2
     if batching.queue is not None:
         policy = message.default_queue_policy
         policy.timeout_action = pb.ModelQueuePolicy.REJECT

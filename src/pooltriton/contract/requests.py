@@ -25,8 +25,9 @@ from pooltriton.contract import (
     TEXT,
     TEXT_PAIR,
     TOKEN_COUNTS,
+    triton_priority,
 )
-from pooltriton.contract.admission import retry_after_in
+from pooltriton.contract.admission import CHARS_PER_TOKEN, SHORT_TOKENS, retry_after_in
 from pooltriton.contract.config import read_parameters
 from pooltriton.contract.parameters import EnsembleParameters
 from pooltriton.core.activation import normalize
@@ -165,7 +166,8 @@ def parameters(options: dict[str, Any]) -> dict[str, Any]:
 def encode_requests(model: str, outputs: Sequence[str], texts: Sequence[str], pairs: Sequence[str] | None,
                     options: dict[str, Any], priority: int = 0,
                     max_batch: int = MAX_BATCH_SIZE) -> list[TritonRequest]:
-    """Texts (and their pairs) in requests of at most `max_batch`, to be sent in any order."""
+    """Texts (and their pairs) in requests of at most `max_batch`, to be sent in any order; `priority` is
+    vLLM's, and a short request at the default one runs ahead of long ones (triton_priority)."""
     if not texts:
         raise ValueError("texts is empty: pass at least one text")
     if pairs is not None and len(pairs) != len(texts):
@@ -175,7 +177,10 @@ def encode_requests(model: str, outputs: Sequence[str], texts: Sequence[str], pa
         inputs = {TEXT: list(texts[start : start + max_batch])}
         if pairs is not None:
             inputs[TEXT_PAIR] = list(pairs[start : start + max_batch])
-        requests.append(TritonRequest(model, inputs, tuple(outputs), parameters(options), True, priority))
+        characters = sum(len(text) for text in (*inputs[TEXT], *inputs.get(TEXT_PAIR, ())))
+        short = characters <= SHORT_TOKENS * CHARS_PER_TOKEN
+        requests.append(TritonRequest(model, inputs, tuple(outputs), parameters(options), True,
+                                      triton_priority(priority, short)))
     return requests
 
 

@@ -29,6 +29,7 @@ from pooltriton.contract import (
     ATTENTION_MASK,
     BI_ENCODER,
     CROSS_ENCODER,
+    DEFAULT_PRIORITY_LEVEL,
     DETOKENIZED,
     DOCUMENTS,
     ENCODER_OUTPUT,
@@ -568,7 +569,8 @@ def _tokenizer_config(name: str, options: ExportOptions, config: PoolerConfig, t
                  Tensor(DETOKENIZED, "TYPE_STRING", (1,)), Tensor(TOKEN_PIECES, "TYPE_STRING", (1,))],
         # No queue delay (here and on the encoder): under load requests queue while the encoder runs
         # anyway, and when idle a delay is pure latency on a single text (docs/performance.md).
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS, queue=queue),
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS,
+                               default_priority_level=DEFAULT_PRIORITY_LEVEL, queue=queue),
         instance_count=options.tokenizer_instances,
         parameters=parameters.to_parameters(),
     )
@@ -588,7 +590,8 @@ def _encoder_config(name: str, options: ExportOptions, config: PoolerConfig, ten
         max_batch_size=MAX_BATCH_SIZE,
         inputs=[_token_tensor(n, ragged) for n in tensors.encoder_inputs],
         outputs=[tensors.pooled],
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS, queue=queue),
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS,
+                               default_priority_level=DEFAULT_PRIORITY_LEVEL, queue=queue),
         instance_kind="KIND_GPU" if options.device == CUDA else "KIND_CPU",
         gpu_accelerators=[TENSORRT] if options.tensorrt else [],
         # The native backends' own keys, so the config means the same on both servers.

@@ -26,6 +26,7 @@ from torch import nn
 
 from pooltriton.contract import (
     ACTIVATE,
+    DEFAULT_PRIORITY_LEVEL,
     ENCODER_OUTPUT,
     IMAGE,
     MAX_BATCH_SIZE,
@@ -300,7 +301,8 @@ def image_configs(options, processor: ImageProcessor, size: tuple[int, int], wid
     names = image_stages(options.name)
     runtime = RUNTIMES[options.runtime]
     queue = QueuePolicy(options.queue_size, options.queue_timeout_ms * 1000)
-    batching = DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS, queue=queue)
+    batching = DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS,
+                               default_priority_level=DEFAULT_PRIORITY_LEVEL, queue=queue)
     pixels = Tensor(PIXEL_VALUES, "TYPE_FP32", (3, *size))
     activate = Tensor(ACTIVATE, "TYPE_INT64", (1,))
     pooled = Tensor(ENCODER_OUTPUT, "TYPE_FP32", (width,))
