@@ -1,4 +1,4 @@
-"""Admission by work (issue 19): the pure policy on a clock the test drives, the gateway's 429 with
+"""Admission by work: the pure policy on a clock the test drives, the gateway's 429 with
 Retry-After when a request cannot start within its deadline (a fake transport, no server), and the
 tokenizer stage's board (test_overload has both against a real server)."""
 
@@ -498,7 +498,7 @@ def test_the_tokenizer_instances_of_one_encoder_admit_as_one(tmp_path) -> None:
 
 
 def test_the_rate_counts_the_batchers_stall_between_batches_that_left_requests_waiting(tmp_path) -> None:
-    """Issue 52: under a flood that refuses everyone, nothing arrives to wake Triton's batcher after a batch
+    """Under a flood that refuses everyone, nothing arrives to wake Triton's batcher after a batch
     and queued requests wait up to its 0.5 s poll. The encoder clears its queue at the rate by the clock, so
     that stall counts; an idle encoder with nothing waiting is not slower for it."""
     path = tmp_path / "board"

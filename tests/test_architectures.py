@@ -1,4 +1,4 @@
-"""The architectures people bring today (issue 17): tiny seeded models at a scale where numerics matter
+"""The architectures people bring today: tiny seeded models at a scale where numerics matter
 (hidden 128, 4 heads, 3 layers) with attention windows (8 tokens) shorter than the test texts, exported
 to ONNX and TorchScript, served by Triton, and equal to transformers' own classes on the same weights.
 

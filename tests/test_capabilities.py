@@ -22,7 +22,7 @@ from pooltriton.export.defaults import DEFAULT_MODELS, exported_defaults
 from conftest import REPOSITORY, edit_config, start_server
 
 HOST = detect()
-AVX2 = detect("fpu sse2 avx fma avx2")  # e.g. AMD EPYC family 25 as issue 9 found it
+AVX2 = detect("fpu sse2 avx fma avx2")  # e.g. AMD EPYC family 25
 BF16 = detect("avx2 fma avx512f avx512_vnni avx512_bf16")  # e.g. Sapphire Rapids without AMX
 BF16_FLAGS_TEXT = "avx2 fma avx512f avx512_bf16"
 AMX = detect("avx2 avx512f avx512_bf16 amx_tile amx_bf16 amx_int8")

@@ -22,7 +22,7 @@ def test_help(module: str) -> None:
 
 @pytest.mark.parametrize("build", [build_parser, build_client_parser])
 def test_every_option_of_every_command_says_what_it_does(build) -> None:
-    """Issue 53: `pooltriton serve --help` listed --repository, --backends and the ports bare."""
+    """Every option has help (`pooltriton serve --help` once listed --repository, --backends and the ports bare)."""
     parser = build()
     commands = {"": parser}
     for action in parser._actions:
@@ -47,7 +47,7 @@ def test_client_cli_prints_json(server, protocol: str) -> None:
 
 
 def test_client_cli_ends_quietly_when_its_reader_leaves(server) -> None:
-    """`pooltriton-client embed ... | head`: no BrokenPipeError traceback (issue 53). The answer (~300 KB of
+    """`pooltriton-client embed ... | head`: no BrokenPipeError traceback. The answer (~300 KB of
     JSON) is larger than the pipe holds, so the client is still writing when the reader closes it."""
     texts = [f"text number {i}" for i in range(40)]
     client = subprocess.Popen([sys.executable, "-m", "pooltriton.client", "--url", server.http_url, "embed", *texts],

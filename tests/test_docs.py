@@ -1,4 +1,4 @@
-"""The docs (issue 53): the MkDocs site builds with --strict, so no page, nav entry or link between pages is
+"""The docs: the MkDocs site builds with --strict, so no page, nav entry or link between pages is
 broken, and the README stays a page a newcomer reads (its length and line widths bounded)."""
 
 from __future__ import annotations

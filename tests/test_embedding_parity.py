@@ -64,7 +64,7 @@ def test_use_activation_false_returns_unnormalised_mean(client, minilm_st) -> No
                     "here (test_capabilities covers that branch)")
 def test_bf16_export_meets_the_reduced_precision_bound(grpc_client, minilm_st, texts) -> None:
     """minilm_bf16 (OpenVINO bf16) against fp32 sentence-transformers, on the benchmark corpus and
-    this file's unicode-heavy texts: issue 5's bound is mean cosine >= 0.995, min >= 0.98."""
+    this file's unicode-heavy texts: the bound is mean cosine >= 0.995, min >= 0.98."""
     from bench.bench import corpus
 
     for sample in (corpus(400), texts):
@@ -80,7 +80,7 @@ def test_bf16_export_meets_the_reduced_precision_bound(grpc_client, minilm_st, t
 def test_int8_export_meets_its_bound_served(grpc_client, minilm_st, texts) -> None:
     """minilm_int8 as served, against fp32 sentence-transformers, on the benchmark corpus and this
     file's unicode-heavy texts (neither is what its accuracy control or verification measured):
-    issue 19's bound is mean cosine >= 0.999, min >= 0.995."""
+    the bound is mean cosine >= 0.999, min >= 0.995."""
     from bench.bench import corpus
 
     for sample in (corpus(400), texts):

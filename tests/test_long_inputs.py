@@ -1,4 +1,4 @@
-"""Long inputs (issue 17): a ModernBERT at its real 8,192-token limit serves an 8,192-token text, and a
+"""Long inputs: a ModernBERT at its real 8,192-token limit serves an 8,192-token text, and a
 batch of them, equal to transformers, within the memory the ragged planner allows one encoder call;
 a text that cannot fit that memory even alone is refused with a clear 400 while the rest keeps serving.
 
@@ -61,7 +61,7 @@ def server(long_model: Path, tmp_path_factory: pytest.TempPathFactory):
                                "--out", str(repository), "--runtime", "onnx", *extra], capture_output=True, text=True,
                               timeout=1200)
         assert done.returncode == 0, done.stderr[-3000:]
-        # Its own step lines and verification only (issue 53): no torch warnings, no loading bars.
+        # Its own step lines and verification only: no torch warnings, no loading bars.
         chatter = [line for line in (done.stdout + done.stderr).splitlines()
                    if "torchvision" in line or "it/s]" in line]
         assert not chatter, chatter[:3]

@@ -1,5 +1,5 @@
 """Safe defaults at export: names that cannot leave the repository folder, no pickled weights and no
-model code unless asked for (issue 11's threat model: a model folder or a name is untrusted input)."""
+model code unless asked for (the threat model: a model folder or a name is untrusted input)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`pooltriton serve MODEL_DIR` (issue 53): a sentence-transformers folder exported and served in one step,
+"""`pooltriton serve MODEL_DIR`: a sentence-transformers folder exported and served in one step,
 as `vllm serve ./my-model` does, its /v1/embeddings equal to sentence-transformers; a second start reuses
 the export (its stamp) instead of exporting again."""
 
