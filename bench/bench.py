@@ -392,6 +392,9 @@ async def overload_grpc(grpc_url: str, texts: list[str], model: str, clients: in
         started = time.perf_counter()
         try:
             await asyncio.gather(*(caller(i) for i in range(clients)))
+        except BaseException:
+            side.cancel()
+            raise
         finally:
             flooding.set()
         seconds = time.perf_counter() - started

@@ -441,7 +441,7 @@ def test_a_failure_after_the_encoder_leaves_the_repository_as_it_was(tmp_path: P
     def full_disk(path: Path, data: dict) -> None:
         raise OSError(28, "No space left on device", str(path))
 
-    monkeypatch.setattr(build_module, "_write_json", full_disk)
+    monkeypatch.setattr(build_module, "write_json", full_disk)
     with pytest.raises(OSError, match="No space left"):
         export_model(model, ExportOptions(name="m", out=out, runtime="openvino"))
     assert sorted(path.name for path in out.iterdir()) == ["other"]

@@ -354,10 +354,7 @@ def test_short_queries_during_a_flood_of_long_batches_are_admitted_and_run_ahead
         finally:
             await raw.close()
 
-    try:
-        asyncio.run(asyncio.wait_for(run(), 300))  # bounded: a flood of at most 40 tries per caller
-    finally:
-        print(f"\n{len(longs)} long batches answered, short queries answered: {shorts}")
+    asyncio.run(asyncio.wait_for(run(), 300))  # bounded: a flood of at most 40 tries per caller
 
     def overtaken(sent: float, done: float) -> int:  # batches sent before this query, answered after it
         return sum(1 for long_sent, long_done in longs if long_sent < sent and long_done > done)

@@ -73,6 +73,16 @@ def test_config_rendering(tmp_path: Path) -> None:
     assert (batching.priority_levels, batching.default_priority_level) == (3, 2)
     assert (batching.default_queue_policy.max_queue_size, batching.default_queue_policy.default_timeout_microseconds,
             batching.default_queue_policy.allow_timeout_override) == (4, 5000, True)
+    # A stage's batcher: short requests (PRIORITY_SHORT) above the default level, which is not the middle.
+    from pooltriton.contract import DEFAULT_PRIORITY_LEVEL, PRIORITY_LEVELS, PRIORITY_SHORT
+    from pooltriton.contract.config import stage_batching
+
+    staged = ModelConfig(name="s", backend="tokenizer", max_batch_size=8, inputs=[], outputs=[],
+                         dynamic_batching=stage_batching(QueuePolicy(4, 5000))).write(tmp_path)
+    batching = parse_config(staged / "config.pbtxt").dynamic_batching
+    assert (batching.priority_levels, batching.default_priority_level, batching.max_queue_delay_microseconds) == (
+        PRIORITY_LEVELS, DEFAULT_PRIORITY_LEVEL, 0)
+    assert 1 < PRIORITY_SHORT < DEFAULT_PRIORITY_LEVEL < PRIORITY_LEVELS
 
 
 @pytest.mark.parametrize(("value", "expected"), [(None, "NONE"), (True, "END"), ("start", "START"),

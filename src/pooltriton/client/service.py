@@ -293,7 +293,7 @@ class PoolingService:
         admitted = admission.admit(estimated, time.monotonic())
         if isinstance(admitted, Refusal):
             raise Overloaded(f"overloaded: this request would be answered only in ~{admitted.wait_s:.1f} s, behind "
-                             f"the work queued for {model!r}, past the {admission.budget_s:g} s admitted of its "
+                             f"the work queued for {model!r}, past the {admitted.limit_s:g} s admitted of its "
                              f"{self.deadline_s:g} s deadline; retry in {admitted.retry_after_s} s",
                              admitted.retry_after_s)
         answered: list[int] = []

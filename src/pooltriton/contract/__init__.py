@@ -30,7 +30,8 @@ PRIORITY_SHORT = 2
 DEFAULT_PRIORITY_LEVEL = 3
 # Bounded queues on every batched stage (export --queue-size / --queue-timeout-ms). 128 waiting requests
 # absorb a burst of as many clients (the benchmark's 64 single-text clients; requests of up to 128 texts
-# each); past that a request is rejected at once. One waiting longer than the timeout is rejected then:
+# each); past that a request is rejected at once (the bound is per priority level, as Triton keeps them).
+# One waiting longer than the timeout is rejected then:
 # at ~1.4 requests of 32 texts per second on 2 cores (docs/performance.md), 30 s is ~40 such requests.
 QUEUE_SIZE, QUEUE_TIMEOUT_MS = 128, 30_000
 # Export defaults the command line shares with ExportOptions: the encoder's intra-op threads (one per

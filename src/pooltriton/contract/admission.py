@@ -57,6 +57,7 @@ class Admitted:
 class Refusal:
     wait_s: float  # the estimated time until this request would have been answered
     retry_after_s: int  # when enough queued work should have cleared for it to fit
+    limit_s: float = 0.0  # the work it had to fit within (its budget, less the reserve for a long one)
 
 
 # How a refusal that crossed Triton (an error message, its only channel) says when to retry.
@@ -80,7 +81,13 @@ def refuse(queued: float, tokens: float, rate: float, budget_s: float) -> Refusa
     whole budget for a short request, all but SHORT_RESERVE of it for a longer one."""
     limit = budget_s if tokens <= SHORT_TOKENS else budget_s * (1 - SHORT_RESERVE)
     wait = (queued + tokens) / rate
-    return Refusal(wait, max(1, math.ceil(wait - limit))) if wait > limit else None
+    return Refusal(wait, max(1, math.ceil(wait - limit)), limit) if wait > limit else None
+
+
+def is_short(characters: int, texts: int) -> bool:
+    """Whether a request of `texts` texts of `characters` in all is short (SHORT_TOKENS), by the
+    characters-per-token of English text before anything is measured, plus two special tokens a text."""
+    return characters / CHARS_PER_TOKEN + 2 * texts <= SHORT_TOKENS
 
 
 class Admission:
@@ -113,9 +120,9 @@ class Admission:
 
     def admit(self, tokens: float, now: float) -> Refusal | Admitted:
         """Admitted (pass it to `done` when it is answered), or why not and when to retry: a request that
-        could not finish within the budget (DEADLINE_SHARE of the deadline) behind the queued work and
-        its own. With nothing in flight anything is admitted (a request longer than the deadline alone
-        is never refused outright; it runs when the model is free)."""
+        could not finish within the budget (DEADLINE_SHARE of the deadline; less SHORT_RESERVE for a long
+        one) behind the queued work and its own. With nothing in flight anything is admitted (a request
+        longer than the deadline alone is never refused outright; it runs when the model is free)."""
         rate = self.tokens_per_s
         if rate is not None and self._in_flight > 0 and self._answers.at_time(now) >= MIN_ANSWERS:
             refusal = refuse(self.queued_tokens, tokens, rate, self.budget_s)

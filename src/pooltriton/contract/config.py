@@ -42,6 +42,15 @@ class DynamicBatching:
     queue: QueuePolicy | None = None
 
 
+def stage_batching(queue: QueuePolicy) -> DynamicBatching:
+    """A batched stage's batcher: no queue delay (under load requests queue while the model runs anyway;
+    idle, a delay is pure latency on a single text), the contract's priority levels, `queue`."""
+    from pooltriton.contract import DEFAULT_PRIORITY_LEVEL, PRIORITY_LEVELS
+
+    return DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS,
+                           default_priority_level=DEFAULT_PRIORITY_LEVEL, queue=queue)
+
+
 def caller_queue(max_queue_size: int) -> DynamicBatching:
     """The queue of a stage that calls an ensemble through BLS (scorer, plugin; max_batch_size 0, so
     Triton batches nothing): at most `max_queue_size` waiting, more rejected at once (Triton's default

@@ -27,7 +27,7 @@ from pooltriton.contract import (
     TOKEN_COUNTS,
     triton_priority,
 )
-from pooltriton.contract.admission import CHARS_PER_TOKEN, SHORT_TOKENS, retry_after_in
+from pooltriton.contract.admission import is_short, retry_after_in
 from pooltriton.contract.config import read_parameters
 from pooltriton.contract.parameters import EnsembleParameters
 from pooltriton.core.activation import normalize
@@ -178,7 +178,7 @@ def encode_requests(model: str, outputs: Sequence[str], texts: Sequence[str], pa
         if pairs is not None:
             inputs[TEXT_PAIR] = list(pairs[start : start + max_batch])
         characters = sum(len(text) for text in (*inputs[TEXT], *inputs.get(TEXT_PAIR, ())))
-        short = characters <= SHORT_TOKENS * CHARS_PER_TOKEN
+        short = is_short(characters, len(inputs[TEXT]) * (1 if pairs is None else 2))
         requests.append(TritonRequest(model, inputs, tuple(outputs), parameters(options), True,
                                       triton_priority(priority, short)))
     return requests

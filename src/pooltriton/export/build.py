@@ -17,7 +17,6 @@ Layout (it mirrors the data flow, like a sentence-transformers folder mirrors it
 from __future__ import annotations
 
 import copy
-import json
 import shutil
 import sys
 import time
@@ -29,7 +28,6 @@ from pooltriton.contract import (
     ATTENTION_MASK,
     BI_ENCODER,
     CROSS_ENCODER,
-    DEFAULT_PRIORITY_LEVEL,
     DETOKENIZED,
     DOCUMENTS,
     ENCODER_OUTPUT,
@@ -38,7 +36,6 @@ from pooltriton.contract import (
     LATE_INTERACTION,
     MAX_BATCH_SIZE,
     OUTPUT_NAMES,
-    PRIORITY_LEVELS,
     PROMPT_TOKENS,
     QUERY,
     QUEUE_SIZE,
@@ -62,6 +59,7 @@ from pooltriton.contract.config import (
     QueuePolicy,
     Tensor,
     caller_queue,
+    stage_batching,
 )
 from pooltriton.contract.parameters import (
     EncoderParameters,
@@ -77,6 +75,7 @@ from pooltriton.core.resolve import (
     STATIC_EMBEDDING,
     PoolerConfig,
     ResolutionError,
+    read_json,
     resolve,
 )
 from pooltriton.core.runtimes import CPU, CUDA, FP16, FP32, INT8, RUNTIMES, TOLERANCES, Runtime
@@ -233,7 +232,7 @@ def _export_model(model_dir: Path, options: ExportOptions) -> dict:
     from pooltriton.export.verify import VerificationError
     from pooltriton.export.vision import read_layout
 
-    hf = json.loads((model_dir / "config.json").read_text()) if (model_dir / "config.json").is_file() else {}
+    hf = read_json(model_dir / "config.json") or {}
     layout = read_layout(model_dir)
     if layout is not None or hf.get("model_type") in MULTIMODAL_MODEL_TYPES or hf.get("vision_config"):
         return _export_image_model(model_dir, options, hf, layout)
@@ -296,7 +295,7 @@ def _export_image_model(model_dir: Path, options: ExportOptions, hf: dict, layou
 
     if layout is None:
         raise ResolutionError(multimodal_refusal(hf))
-    hf = json.loads((layout.tower / "config.json").read_text())
+    hf = read_json(layout.tower / "config.json") or {}
     if options.precision == AUTO:  # towers are verified in fp32 (fp16 TorchScript on a GPU)
         fp16 = (options.runtime, options.device) == ("torchscript", CUDA)
         options = replace(options, precision=FP16 if fp16 else FP32)
@@ -567,10 +566,7 @@ def _tokenizer_config(name: str, options: ExportOptions, config: PoolerConfig, t
         name=name, backend="tokenizer", max_batch_size=MAX_BATCH_SIZE, inputs=tensors.text_inputs,
         outputs=[*(_token_tensor(n) for n in tensors.token_outputs), tensors.prompt_tokens,
                  Tensor(DETOKENIZED, "TYPE_STRING", (1,)), Tensor(TOKEN_PIECES, "TYPE_STRING", (1,))],
-        # No queue delay (here and on the encoder): under load requests queue while the encoder runs
-        # anyway, and when idle a delay is pure latency on a single text (docs/performance.md).
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS,
-                               default_priority_level=DEFAULT_PRIORITY_LEVEL, queue=queue),
+        dynamic_batching=stage_batching(queue),  # no delay, the priority levels
         instance_count=options.tokenizer_instances,
         parameters=parameters.to_parameters(),
     )
@@ -590,8 +586,7 @@ def _encoder_config(name: str, options: ExportOptions, config: PoolerConfig, ten
         max_batch_size=MAX_BATCH_SIZE,
         inputs=[_token_tensor(n, ragged) for n in tensors.encoder_inputs],
         outputs=[tensors.pooled],
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS,
-                               default_priority_level=DEFAULT_PRIORITY_LEVEL, queue=queue),
+        dynamic_batching=stage_batching(queue),
         instance_kind="KIND_GPU" if options.device == CUDA else "KIND_CPU",
         gpu_accelerators=[TENSORRT] if options.tensorrt else [],
         # The native backends' own keys, so the config means the same on both servers.

@@ -1,7 +1,8 @@
-"""Every rule that refuses a model at export, in one place: what its files say (pickled weights, custom
+"""The rules that refuse a model for what it is, in one place: what its files say (pickled weights, custom
 code), what its config says that transformers would not compute (unread keys, foreign architectures,
 bidirectional flags), families not proven here, multimodal models whose image path is not built, and, once
-loaded, weights the network lacks or would drop. Each refusal is one paragraph that says why and what to do
+loaded, weights the network lacks or would drop. (What an export asks of a model it serves, a tokenizer.json,
+a precision, an image size, is checked where that step runs.) Each refusal is one paragraph that says why and what to do
 (docs/serving-your-model.md); the export raises them as ResolutionError, the CLI exits 2."""
 
 from __future__ import annotations

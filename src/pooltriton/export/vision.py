@@ -12,7 +12,6 @@ pixel batches of several sizes, and the image processor against transformers' PI
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import warnings
@@ -26,19 +25,17 @@ from torch import nn
 
 from pooltriton.contract import (
     ACTIVATE,
-    DEFAULT_PRIORITY_LEVEL,
     ENCODER_OUTPUT,
     IMAGE,
     MAX_BATCH_SIZE,
     OUTPUT_NAMES,
     PIXEL_VALUES,
-    PRIORITY_LEVELS,
     image_stages,
 )
-from pooltriton.contract.config import DynamicBatching, EnsembleStep, ModelConfig, QueuePolicy, Tensor
+from pooltriton.contract.config import EnsembleStep, ModelConfig, QueuePolicy, Tensor, stage_batching
 from pooltriton.contract.parameters import EnsembleParameters, ImageParameters
 from pooltriton.core.images import ImageError, ImageProcessor, read_processor
-from pooltriton.core.resolve import VISION_MODEL_TYPES, ResolutionError
+from pooltriton.core.resolve import VISION_MODEL_TYPES, ResolutionError, read_json
 from pooltriton.core.runtimes import CPU, CUDA, FP16, FP32, RUNTIMES, TOLERANCES
 from pooltriton.core.semantics import Task
 from pooltriton.export.publish import write_json
@@ -121,7 +118,7 @@ def read_layout(model_dir: Path) -> Layout | None:
     modules_file = model_dir / "modules.json"
     if not modules_file.is_file():
         return Layout(model_dir) if _model_type(model_dir) in VISION_MODEL_TYPES else None
-    modules = json.loads(modules_file.read_text())
+    modules = read_json(modules_file) or []
     first = modules[0] if modules else {}
     tower = model_dir / first.get("path", "")
     if not str(first.get("type", "")).endswith(ST_TOWER_TYPES) or _model_type(tower) not in VISION_MODEL_TYPES:
@@ -134,8 +131,7 @@ def read_layout(model_dir: Path) -> Layout | None:
 
 
 def _model_type(folder: Path) -> str | None:
-    config = folder / "config.json"
-    return json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    return (read_json(folder / "config.json") or {}).get("model_type")
 
 
 def sample_images() -> list[Image.Image]:
@@ -301,8 +297,7 @@ def image_configs(options, processor: ImageProcessor, size: tuple[int, int], wid
     names = image_stages(options.name)
     runtime = RUNTIMES[options.runtime]
     queue = QueuePolicy(options.queue_size, options.queue_timeout_ms * 1000)
-    batching = DynamicBatching(max_queue_delay_microseconds=0, priority_levels=PRIORITY_LEVELS,
-                               default_priority_level=DEFAULT_PRIORITY_LEVEL, queue=queue)
+    batching = stage_batching(queue)
     pixels = Tensor(PIXEL_VALUES, "TYPE_FP32", (3, *size))
     activate = Tensor(ACTIVATE, "TYPE_INT64", (1,))
     pooled = Tensor(ENCODER_OUTPUT, "TYPE_FP32", (width,))

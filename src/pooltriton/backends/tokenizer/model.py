@@ -153,7 +153,7 @@ class TritonPythonModel:
     def _refusal(self, refusal: Refusal) -> object:
         return error_response(
             f"overloaded: {self.encoder} has ~{refusal.wait_s:.1f} s of work queued with this request's, "
-            f"over the {self.board.budget_s:g} s it admits within its {self.board.deadline_s:g} s queue "
+            f"over the {refusal.limit_s:g} s it admits for such a request within its {self.board.deadline_s:g} s queue "
             f"timeout; {retry_phrase(refusal)}", pb_utils.TritonError.UNAVAILABLE)
 
     def _response(self, padded: tuple, activate: bool) -> object:
