@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -41,20 +43,41 @@ def edit_config(path: Path, edit) -> None:
     path.write_text(text_format.MessageToString(config))
 
 
+# One graph cache (export.graphs) for the suite's matrices: a model the ONNX server's fixture traced is
+# copied, not traced again, for the OpenVINO server's (verification still runs on each copy).
+_graph_cache: list[str] = []  # made by the first export_all (not at import: spawned workers import this)
+
+
 def export_all(jobs: Sequence[tuple[Path, ExportOptions]], workers: int = 2) -> None:
     """`export_model` over (model folder, options) in `workers` processes of one thread each. An ONNX export
     is ~10 s of single-threaded tracing; the fixtures that export dozens of models take half the time on
     two cores. Exports of different names into one repository are safe together (export.publish)."""
     context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's threads
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_one_thread) as pool:
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_export_worker,
+                             initargs=(graph_cache(),)) as pool:
         for future in [pool.submit(export_model, folder, options) for folder, options in jobs]:
             future.result()
 
 
-def _one_thread() -> None:
+def graph_cache() -> str:
+    """The suite's graph cache folder (made on first use, removed when the session ends)."""
+    if not _graph_cache:
+        _graph_cache.append(tempfile.mkdtemp(prefix="pooltriton-graphs-"))
+    return _graph_cache[0]
+
+
+def _export_worker(graph_cache: str) -> None:
     import torch
 
+    from pooltriton.export.graphs import CACHE_ENV
+
     torch.set_num_threads(1)
+    os.environ[CACHE_ENV] = graph_cache
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for folder in _graph_cache:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def free_port() -> int:

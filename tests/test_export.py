@@ -805,3 +805,27 @@ def test_a_bare_encoder_may_lack_the_pooler_nothing_reads(tmp_path: Path) -> Non
     as an embedding (--convert embed) loads as XLMRobertaModel, whose pooler the pooling here never reads."""
     model = build(tmp_path / "models", "xlmr", "classify")
     export_model(model, ExportOptions(name="m", out=tmp_path / "out", runtime="torchscript", convert="embed"))
+
+
+def test_the_graph_cache_copies_a_traced_graph_and_still_verifies_it(tmp_path: Path, monkeypatch, capsys) -> None:
+    """POOLTRITON_GRAPH_CACHE: a second export of the same encoder (another runtime and name) copies the
+    first's graph instead of tracing, and verifies the copy; other weights are another key (traced again)."""
+    from pooltriton.export import verify as verify_module
+    from pooltriton.export.graphs import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "graphs"))
+    traced: list[Path] = []
+    real = verify_module.export_onnx
+    monkeypatch.setattr(verify_module, "export_onnx", lambda e, path, n: (traced.append(path), real(e, path, n)))
+    folder = build(tmp_path / "models", "bert", "embed")
+    out = tmp_path / "out"
+    export_model(folder, ExportOptions(name="first", out=out, runtime="onnx"))
+    assert len(traced) == 1 and len(list((tmp_path / "graphs").iterdir())) == 1
+    report = export_model(folder, ExportOptions(name="second", out=out, runtime="openvino", tokenizer_instances=1))
+    assert len(traced) == 1 and "graph cache: model.onnx copied" in capsys.readouterr().err
+    assert report["passed"] and (out / "second_encoder" / "verification.json").is_file()
+    assert (out / "second_encoder" / "1" / "model.onnx").read_bytes() == (out / "first_encoder" / "1" /
+                                                                          "model.onnx").read_bytes()
+    other = build(tmp_path / "other", "bert", "embed", seed=7)
+    export_model(other, ExportOptions(name="third", out=out, runtime="onnx"))
+    assert len(traced) == 2 and len(list((tmp_path / "graphs").iterdir())) == 2

@@ -25,8 +25,9 @@ from pooltriton.backends.ragged import MemoryModel, memory_budget
 from pooltriton.client import PoolingClient
 from pooltriton.contract import stages
 from pooltriton.core.activation import normalize
+from pooltriton.export.graphs import CACHE_ENV
 
-from conftest import start_server
+from conftest import graph_cache, start_server
 from corpus import VOCABULARY
 
 NAME = "long"
@@ -59,7 +60,7 @@ def server(long_model: Path, tmp_path_factory: pytest.TempPathFactory):
     for name, extra in ((NAME, []), (SMALL, ["--memory-budget-mb", "1024"])):
         done = subprocess.run([sys.executable, "-m", "pooltriton.cli", "export", str(long_model), "--name", name,
                                "--out", str(repository), "--runtime", "onnx", *extra], capture_output=True, text=True,
-                              timeout=1200)
+                              timeout=1200, env={**os.environ, CACHE_ENV: graph_cache()})  # one trace of the two
         assert done.returncode == 0, done.stderr[-3000:]
         # Its own step lines and verification only: no torch warnings, no loading bars.
         chatter = [line for line in (done.stdout + done.stderr).splitlines()

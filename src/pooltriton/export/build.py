@@ -431,7 +431,7 @@ def _export_encoder(model_dir: Path, encoder, config: PoolerConfig, tokenizer, o
     traced = copy.deepcopy(encoder).to_precision(options.precision, options.device) if lowered else encoder
     exported = version / runtime.filename
     try:
-        export(traced, exported, config.max_length, options.device)
+        _export_or_restore(export, traced, config, exported, options)
         del traced
         quantization = None
         if options.precision == INT8:
@@ -456,6 +456,21 @@ def _export_encoder(model_dir: Path, encoder, config: PoolerConfig, tokenizer, o
         if isinstance(error, VerificationError) and error.report is not None:
             print(error.report.table(), file=sys.stderr)
         raise
+
+
+def _export_or_restore(export, encoder, config: PoolerConfig, exported: Path, options: ExportOptions) -> None:
+    """Trace `encoder` into `exported`, or copy the same graph traced before (export.graphs: ONNX only,
+    where tracing costs ~10 s and more; a TorchScript trace takes ~1 s)."""
+    from pooltriton.export import graphs
+
+    key = None
+    if options.runtime != "torchscript" and graphs.cache_dir() is not None:
+        key = graphs.graph_key(encoder, config, config.max_length, exported.name)
+        if graphs.restore(key, exported):
+            return
+    export(encoder, exported, config.max_length, options.device)
+    if key is not None:
+        graphs.store(key, exported)
 
 
 def score_mode(config: PoolerConfig) -> str | None:

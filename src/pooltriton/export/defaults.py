@@ -15,12 +15,11 @@ from typing import TYPE_CHECKING
 from pooltriton.contract import image_stages, stages
 from pooltriton.core.capabilities import Capabilities, detect
 from pooltriton.core.runtimes import CPU, CUDA, FP32
+from pooltriton.export.graphs import code_digest
 
 if TYPE_CHECKING:  # (export.build imports torch: only when exporting)
     from pooltriton.export.build import ExportOptions
 
-PACKAGE = Path(__file__).resolve().parent.parent
-LAYERS = ("core", "contract", "export")  # the code an export depends on
 # Generated files that are not the repository (the dequantised Rampart checkpoint): under the working
 # directory, never next to the installed package.
 BUILD_DIR = Path(os.environ.get("POOLTRITON_BUILD", "build"))
@@ -94,10 +93,7 @@ def exported_defaults(capabilities: Capabilities | None = None) -> list[str]:
 
 def _fingerprint(model_dir: Path, options: dict) -> str:
     """Code + model files (names, sizes, mtimes) + options: a change in any re-exports."""
-    digest = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode())
-    for folder in LAYERS:
-        for path in sorted((PACKAGE / folder).rglob("*.py")):
-            digest.update(path.read_bytes())
+    digest = code_digest(hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode()))
     for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
         stat = path.stat()
         digest.update(f"{path.relative_to(model_dir)}:{stat.st_size}:{int(stat.st_mtime)}".encode())
