@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_models import build, build_cross_encoder, build_st
+from tiny_models import build, build_cross_encoder, build_st, build_static
 
 from pooltriton.contract.config import parse_config
 from pooltriton.core.capabilities import detect
@@ -829,3 +829,6 @@ def test_the_graph_cache_copies_a_traced_graph_and_still_verifies_it(tmp_path: P
     other = build(tmp_path / "other", "bert", "embed", seed=7)
     export_model(other, ExportOptions(name="third", out=out, runtime="onnx"))
     assert len(traced) == 2 and len(list((tmp_path / "graphs").iterdir())) == 2
+    # A static embedding's encoder has no transformers config, only its table's shape.
+    export_model(build_static(tmp_path / "models", "st"), ExportOptions(name="static", out=out, runtime="onnx"))
+    assert len(traced) == 3 and len(list((tmp_path / "graphs").iterdir())) == 3

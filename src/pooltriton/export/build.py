@@ -465,7 +465,7 @@ def _export_or_restore(export, encoder, config: PoolerConfig, exported: Path, op
 
     key = None
     if options.runtime != "torchscript" and graphs.cache_dir() is not None:
-        key = graphs.graph_key(encoder, config, config.max_length, exported.name)
+        key = graphs.graph_key(encoder, config, exported.name)
         if graphs.restore(key, exported):
             return
     export(encoder, exported, config.max_length, options.device)

@@ -1,4 +1,4 @@
-"""A cache of exported ONNX graphs, on where POOLTRITON_GRAPH_CACHE names a folder.
+"""A cache of exported ONNX graphs, used where POOLTRITON_GRAPH_CACHE names a folder.
 
 The same encoder (weights, transformers config, resolved pooler configuration) traced by the same code
 gives the same graph, so a second export of it, for another runtime, name, precision or instance count,
@@ -41,14 +41,14 @@ def cache_dir() -> Path | None:
     return Path(folder) if folder else None
 
 
-def graph_key(encoder: PoolingEncoder, config: PoolerConfig, max_length: int, path_name: str) -> str:
+def graph_key(encoder: PoolingEncoder, config: PoolerConfig, path_name: str) -> str:
     """What the traced graph depends on: code, library versions, structure, configs and every weight."""
     import torch
     import transformers
 
     digest = code_digest(hashlib.sha256())
-    described = [torch.__version__, transformers.__version__, max_length, path_name, list(encoder.input_names),
-                 repr(encoder), encoder.config.to_json_string(), asdict(config)]
+    described = [torch.__version__, transformers.__version__, path_name, list(encoder.input_names),
+                 repr(encoder), _described(encoder.config), asdict(config)]  # the config has max_length
     digest.update(json.dumps(described, sort_keys=True, default=str).encode())
     for name, tensor in encoder.state_dict().items():
         digest.update(name.encode())
@@ -85,3 +85,9 @@ def store(key: str, path: Path) -> None:
         incoming.rename(folder / key)
     except OSError:  # another export stored it first
         shutil.rmtree(incoming, ignore_errors=True)
+
+
+def _described(model_config) -> str:
+    """A transformers config as its JSON; a static embedding's bare namespace of shapes as its fields."""
+    to_json = getattr(model_config, "to_json_string", None)
+    return to_json() if to_json is not None else json.dumps(vars(model_config), sort_keys=True, default=str)
