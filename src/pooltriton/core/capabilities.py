@@ -2,7 +2,8 @@
 `--precision auto` picks from it.
 
 Machines of one kind differ (AVX2 only, AVX-512, AVX-512 with bf16/VNNI, AMX), and OpenVINO silently
-compiles a bf16 request in fp32 where the CPU has no bf16 instructions. So precision is a decision
+compiles a bf16 request in fp32 on AVX2, or emulates bf16 (slower than fp32) on AVX-512 without bf16
+instructions. So precision is a decision
 made from what the hardware runs, stated with its reason, and an explicit request the CPU cannot
 honour is an error at export, never a silent fallback.
 

@@ -122,7 +122,7 @@ _TORCH_TYPES = {"torch.float32": FP32, "torch.bfloat16": BF16, "torch.float16": 
 
 def openvino_precision(compiled: Any) -> str:
     """What a compiled OpenVINO model really computes in: the CPU plugin resolves the bf16 hint to f32
-    where the CPU has no bf16 instructions, and says so only in this property. A quantized model is
+    on AVX2 (and emulates bf16 on AVX-512 without bf16), and says so only in this property. A quantized model is
     int8 when most of its matrix products run on 8-bit integers in the executed graph."""
     int8, products = openvino_int8_products(compiled)
     if products and 2 * int8 >= products:
