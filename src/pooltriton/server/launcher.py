@@ -119,6 +119,9 @@ class TritonServer:
             "--metrics-config=summary_latencies=true",
             "--pinned-memory-pool-byte-size=0",
             "--strict-readiness=true",
+            # Every config is written whole by the export: Triton's auto-complete would only start one
+            # more Python stub per model to ask (importing torch for an encoder stage), doubling the start.
+            "--disable-auto-complete-config",
             # Explicit control, every model loaded at start: the supervisor reloads a dead stage over the
             # repository API (restricted to the admin key below).
             "--model-control-mode=explicit",
