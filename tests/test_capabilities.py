@@ -279,5 +279,5 @@ def test_a_stage_warns_when_its_export_precision_does_not_run_here(tiny_embedder
     warned = "tiny_encoder: exported for bf16" in text
     assert warned == (not HOST.bf16), text[-3000:]
     if warned:  # AVX2: OpenVINO computes it in fp32; other AVX-512: it emulates bf16
-        said = "it is emulated" if openvino_compiles_bf16() else "this CPU (avx2) computes it in fp32"
+        said = "it is emulated" if openvino_compiles_bf16() else f"this CPU ({HOST.cpu_class}) computes it in fp32"
         assert said in text, text[-3000:]

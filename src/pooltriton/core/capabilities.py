@@ -3,9 +3,8 @@
 
 Machines of one kind differ (AVX2 only, AVX-512, AVX-512 with bf16/VNNI, AMX), and OpenVINO silently
 compiles a bf16 request in fp32 on AVX2, or emulates bf16 (slower than fp32) on AVX-512 without bf16
-instructions. So precision is a decision
-made from what the hardware runs, stated with its reason, and an explicit request the CPU cannot
-honour is an error at export, never a silent fallback.
+instructions. So precision is a decision made from what the hardware runs, stated with its reason, and
+an explicit request the CPU cannot honour is an error at export, never a silent fallback.
 
 `POOLTRITON_CPU_FLAGS` (flags separated by spaces or commas) replaces the flags read from
 /proc/cpuinfo, and the runtimes' answers are then derived from those flags: tests use it to exercise

@@ -122,8 +122,8 @@ _TORCH_TYPES = {"torch.float32": FP32, "torch.bfloat16": BF16, "torch.float16": 
 
 def openvino_precision(compiled: Any) -> str:
     """What a compiled OpenVINO model really computes in: the CPU plugin resolves the bf16 hint to f32
-    on AVX2 (and emulates bf16 on AVX-512 without bf16), and says so only in this property. A quantized model is
-    int8 when most of its matrix products run on 8-bit integers in the executed graph."""
+    on AVX2 (and emulates bf16 on AVX-512 without bf16), and says so only in this property. A quantized
+    model is int8 when most of its matrix products run on 8-bit integers in the executed graph."""
     int8, products = openvino_int8_products(compiled)
     if products and 2 * int8 >= products:
         return INT8
